@@ -1,0 +1,35 @@
+"""Errors the domain raises. Each means nothing was recorded."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base of every error raised by the domain."""
+
+
+class IllegalTransition(DomainError):
+    """A command is not allowed in the run's current state; no event was recorded."""
+
+
+class DigestMismatch(DomainError):
+    """A decision names pending calls other than the ones the run waits on."""
+
+
+class InvalidInput(DomainError):
+    """Submitted input does not match the schema the run declared."""
+
+
+class VersionConflict(DomainError):
+    """Somebody else appended to the run since the version this append was fenced on.
+
+    For a lease holder this is how it learns it lost the run (reclaimed, cancelled, claimed by
+    another segment); for the reaper it means a heartbeat landed first.
+    """
+
+
+class StoreUnavailable(DomainError):
+    """The store could not be reached; whether the last write landed is unknown."""
+
+
+class UnknownRun(DomainError):
+    """No run has that id."""

@@ -1,0 +1,75 @@
+"""The ports the domain's callers need from a store, as structural protocols.
+
+`workers/` and the facade are written against these; `infrastructure/` implements them for
+SQLite and PostgreSQL, and one contract suite (tests/integration) holds both to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+from uuid import UUID
+
+from steptrail.domain.run import Run, RunEvent
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """A run a worker just claimed, with the request it was queued with."""
+
+    run: Run
+    request: bytes
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """One event as the log holds it: its version, the store's time of recording, and itself."""
+
+    run_id: UUID
+    version: int
+    recorded_at: datetime
+    event: RunEvent
+    notification_id: int | None = None
+
+
+class RunStore(Protocol):
+    """Where runs live. Every write is one transaction, fenced on the run's version."""
+
+    def create(self, run: Run, *, request: bytes | None) -> Run:
+        """Record a new run's creation event (and its saved request, if any).
+
+        Returns the run as stored: `run` itself, or, when its idempotency key is taken, the
+        existing run with that key (nothing is written then).
+        """
+        ...
+
+    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+        """Record `run`'s pending events at `run.committed_version + 1 …`.
+
+        Raises:
+            VersionConflict: somebody appended first; nothing was written.
+            StoreUnavailable: the store failed; the append may or may not have landed.
+        """
+        ...
+
+    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
+        """Claim the queued run that became available first, among `agents`, if any."""
+        ...
+
+    def load(self, run_id: UUID) -> Run | None: ...
+
+    def saved(self, run_id: UUID, kind: str) -> bytes | None:
+        """The saved `request` or `resumable` state of a run, or None once it was cleared."""
+        ...
+
+    def stale(self, limit: int) -> list[Run]:
+        """Running runs whose lease expired by the store's clock, oldest deadline first."""
+        ...
+
+    def history(self, run_id: UUID) -> list[RecordedEvent]: ...
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until new work may be claimable, or `timeout` seconds pass."""
+        ...

@@ -1,0 +1,177 @@
+"""The privacy filter for the per-step log: what of a step's content may reach the store.
+
+Applied to every step payload and run result before the event exists, so nothing above the
+configured level is ever written, logged or projected. Resumable state and the saved request
+do not pass through here: they are kept verbatim beside the log and deleted on settle
+(ADR 0008).
+
+* `none` and `metadata` (the default): every content key is replaced by counts and lengths,
+  plus `content_redacted: true`; keys the filter does not know are dropped (only counted),
+  since an unknown key may carry content.
+* `redacted`: content is kept, but secrets and e-mail addresses in every string are masked as
+  `***` and each string is cut to 2,000 characters plus a truncation mark.
+* `full`: verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from steptrail.domain.enums import PrivacyLevel
+
+# Keys whose values are content: messages sent, content, thinking, requested tool calls, raw
+# provider output, tool arguments, tool result, tool artifacts.
+CONTENT_KEYS = frozenset(
+    {"messages", "content", "thinking", "tool_calls", "raw", "arguments", "result", "artifacts"}
+)
+# Keys that describe a step without revealing what was said; kept at every level.
+METADATA_KEYS = frozenset(
+    {
+        "round",
+        "finish_reason",
+        "tokens",
+        "input_tokens",
+        "output_tokens",
+        "cost",
+        "model",
+        "provider",
+        "tool",
+        "effect",
+        "status_code",
+        "attempt",
+        "duration_ms",
+    }
+)
+
+MAX_STRING = 2_000
+TRUNCATION_MARK = "…[truncated]"
+MASK = "***"
+
+# Order matters: whole private-key blocks first, then URL credentials (before the e-mail rule,
+# which would otherwise eat `password@host`), then keyed secrets, tokens, and e-mail last.
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+            re.DOTALL,
+        ),
+        MASK,
+    ),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]*:)[^/\s@]+@"), r"\1" + MASK + "@"),
+    (re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9\-._~+/]{8,}=*"), r"\1\2" + MASK),
+    (
+        re.compile(
+            r"(?i)\b((?:api|access|secret|private|client)[_-]?(?:key|secret|token)|secret|token"
+            r"|password|passwd|pwd|auth)(\"?\s*[:=]\s*[\"']?)[^\s\"'&,;}]+"
+        ),
+        r"\1\2" + MASK,
+    ),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), MASK),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"), MASK),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}\b"), MASK),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), MASK),
+    (re.compile(r"\bAIza[0-9A-Za-z\-_]{30,}"), MASK),
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}"), MASK),
+    (re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}"), MASK),
+)
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every secret and e-mail address it contains replaced by `***`."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact_string(text: str) -> str:
+    """Masked, then cut to `MAX_STRING` characters plus the truncation mark."""
+    masked = mask_secrets(text)
+    if len(masked) > MAX_STRING:
+        return masked[:MAX_STRING] + TRUNCATION_MARK
+    return masked
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_string(value)
+    if isinstance(value, Mapping):
+        return {redact_string(str(k)): _redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact(v) for v in value]
+    return value
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple, Mapping)):
+        return sum(_length(v) for v in (value.values() if isinstance(value, Mapping) else value))
+    if value is None:
+        return 0
+    return len(str(value))
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    return 0 if value is None else 1
+
+
+def _tool_names(calls: Any) -> list[str]:
+    items = calls if isinstance(calls, (list, tuple)) else [calls]
+    names = []
+    for call in items:
+        name = call.get("name") if isinstance(call, Mapping) else None
+        names.append(name if isinstance(name, str) else "?")
+    return names
+
+
+def _artifact_types(artifacts: Any) -> list[str]:
+    items = artifacts if isinstance(artifacts, (list, tuple)) else [artifacts]
+    kinds = []
+    for item in items:
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        kinds.append(kind if isinstance(kind, str) else type(item).__name__)
+    return kinds
+
+
+def _summarise(payload: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: payload[k] for k in payload if k in METADATA_KEYS}
+    out["content_redacted"] = True
+    if "messages" in payload:
+        out["messages_sent_count"] = _count(payload["messages"])
+    if "content" in payload:
+        out["content_length"] = _length(payload["content"])
+    if "thinking" in payload:
+        out["thinking_length"] = _length(payload["thinking"])
+    if "tool_calls" in payload:
+        out["requested_tool_names"] = _tool_names(payload["tool_calls"])
+    if "raw" in payload:
+        out["raw_length"] = _length(payload["raw"])
+    if "arguments" in payload:
+        out["arguments_length"] = _length(payload["arguments"])
+    if "result" in payload:
+        out["tool_result_length"] = _length(payload["result"])
+    if "artifacts" in payload:
+        out["artifact_count"] = _count(payload["artifacts"])
+        out["artifact_types"] = _artifact_types(payload["artifacts"])
+    others = [k for k in payload if k not in METADATA_KEYS and k not in CONTENT_KEYS]
+    if others:
+        out["other_keys_dropped"] = len(others)
+    return out
+
+
+def filter_payload(payload: Mapping[str, Any], level: PrivacyLevel | str) -> dict[str, Any]:
+    """The part of `payload` that level `level` lets into the per-step log."""
+    level = PrivacyLevel.parse(level)
+    if level is PrivacyLevel.FULL:
+        return dict(payload)
+    if level is PrivacyLevel.REDACTED:
+        return {k: (v if k in METADATA_KEYS else _redact(v)) for k, v in payload.items()}
+    # Metadata-only keys are kept verbatim, but a string there could still carry an address
+    # or a secret (a model name never does; an "error" text might), so mask it anyway.
+    summary = _summarise(payload)
+    return {k: (mask_secrets(v) if isinstance(v, str) else v) for k, v in summary.items()}

@@ -1,0 +1,774 @@
+"""The `Run` aggregate: one durable agent run, folded from its append-only events.
+
+A run's events are the truth. `RunState` is what folding them yields; `Run` wraps a state with
+the commands that are legal in it. A command checks its guard first and raises
+`IllegalTransition` with nothing recorded, or triggers exactly the events that describe what
+happened, applies them, and keeps them as pending until the store has recorded them.
+
+Two things are deliberately absent here:
+
+* **Clocks.** Events carry durations (`lease_ms`, `delay_ms`), never instants. The instant an
+  event happened is the store's clock at commit (`recorded_at`), so every deadline is judged by
+  one clock no matter which machine appended (ADR 0003).
+* **Locks.** Fencing is the aggregate version. A segment appends at the version it last wrote;
+  anybody else's append in between (a reclaim, a cancel, another claim) makes that append
+  conflict in the store, which is how a worker learns it lost the run (ADR 0002).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from steptrail.domain.enums import (
+    Effect,
+    FailureClass,
+    PrivacyLevel,
+    RunStatus,
+    Segment,
+    TerminationReason,
+    WaitKind,
+)
+from steptrail.domain.errors import DigestMismatch, IllegalTransition
+
+# Every event class, by its stored topic. Topics are stable names written into the log, so a
+# module or class rename never orphans stored events; they are never renamed (STYLE 3).
+EVENT_TYPES: dict[str, type[RunEvent]] = {}
+
+
+class PendingEffect(BaseModel):
+    """A write tool that was about to run at step `seq` and has not recorded its result yet."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    tool: str
+    effect: Effect
+
+
+class Waiting(BaseModel):
+    """What a suspended run waits for, and the digest a decision must quote."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: WaitKind
+    digest: str
+    since_version: int
+    pending_tools: tuple[str, ...] = ()
+    input_schema: dict[str, Any] | None = None
+
+
+class Decision(BaseModel):
+    """The latest human decision a resumed segment acts on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: WaitKind
+    approved: bool
+    by: str
+    digest: str
+
+
+class RunState(BaseModel):
+    """Everything folding a run's events yields. Immutable; each event produces a new one."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: UUID
+    agent: str
+    version: int
+    status: RunStatus
+    segment: Segment | None = None
+    holder: str | None = None
+    lease_ms: int | None = None
+    claim_version: int | None = None
+    requeue_count: int = 0
+    retry_delay_ms: int = 0
+    reason: TerminationReason | None = None
+    idempotency_key: str | None = None
+    has_saved_request: bool = False
+    request_digest: str | None = None
+    steps: int = 0
+    pending_effects: tuple[PendingEffect, ...] = ()
+    failure_class: FailureClass | None = None
+    error_type: str | None = None
+    waiting: Waiting | None = None
+    decision: Decision | None = None
+    has_resumable_state: bool = False
+    iterations: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+
+    def evolve(self, **changes: Any) -> RunState:
+        return self.model_copy(update=changes)
+
+    @property
+    def pending_non_idempotent_write(self) -> bool:
+        return any(p.effect is Effect.NON_IDEMPOTENT_WRITE for p in self.pending_effects)
+
+
+def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
+    """A terminal state: no lease, no saved request, no resumable state.
+
+    The pending-effect markers survive on purpose: an auditor must still see that a write may
+    have happened before the run ended.
+    """
+    return state.evolve(
+        status=status,
+        segment=None,
+        holder=None,
+        lease_ms=None,
+        claim_version=None,
+        has_saved_request=False,
+        has_resumable_state=False,
+        waiting=None,
+        **changes,
+    )
+
+
+def _released(state: RunState, status: RunStatus, **changes: Any) -> RunState:
+    """The current segment lets go of the run (back to the queue, or waiting for a person)."""
+    return state.evolve(
+        status=status, segment=None, holder=None, lease_ms=None, claim_version=None, **changes
+    )
+
+
+class RunEvent(BaseModel):
+    """Base of every run event. `actor` names whoever appended it (a lease holder, the reaper,
+    an operator). Subclasses set `TOPIC` once and forever, and bump `VERSION` with an `upcast`
+    when their payload changes shape."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    TOPIC: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+    actor: str
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if cls.TOPIC:
+            if cls.TOPIC in EVENT_TYPES:
+                raise TypeError(f"duplicate event topic {cls.TOPIC!r}")
+            EVENT_TYPES[cls.TOPIC] = cls
+
+    @classmethod
+    def upcast(cls, data: dict[str, Any], from_version: int) -> dict[str, Any]:
+        """Turn a stored payload of an older class version into the current shape."""
+        raise NotImplementedError(f"{cls.TOPIC} has no upcaster from version {from_version}")
+
+    def apply(self, state: RunState | None) -> RunState:
+        """Fold this event onto the state before it (None for a creation event)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _require(state: RunState | None) -> RunState:
+        if state is None:
+            raise IllegalTransition("only a creation event can start a run's history")
+        return state
+
+
+class Run:
+    """A run and the commands that move it. Construct with `enqueue`, `start` or `replay`."""
+
+    # -- events --------------------------------------------------------------------------------
+
+    class Queued(RunEvent):
+        """A run was put on the queue; its request is saved beside the log, not in it."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Queued"
+        run_id: UUID
+        agent: str
+        request_digest: str
+        idempotency_key: str | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            if state is not None:
+                raise IllegalTransition("a run is queued only once")
+            return RunState(
+                run_id=self.run_id,
+                agent=self.agent,
+                version=1,
+                status=RunStatus.QUEUED,
+                has_saved_request=True,
+                request_digest=self.request_digest,
+                idempotency_key=self.idempotency_key,
+            )
+
+    class Started(RunEvent):
+        """An interactive run began in its caller's process, holding an `interactive:` lease."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Started"
+        run_id: UUID
+        agent: str
+        request_digest: str
+        lease_ms: int
+
+        def apply(self, state: RunState | None) -> RunState:
+            if state is not None:
+                raise IllegalTransition("a run is started only once")
+            return RunState(
+                run_id=self.run_id,
+                agent=self.agent,
+                version=1,
+                status=RunStatus.RUNNING,
+                segment=Segment.INTERACTIVE,
+                holder=self.actor,
+                lease_ms=self.lease_ms,
+                claim_version=1,
+                request_digest=self.request_digest,
+            )
+
+    class Claimed(RunEvent):
+        """A worker took a queued run under a lease; this event's version is its fencing token."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Claimed"
+        lease_ms: int
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return s.evolve(
+                status=RunStatus.RUNNING,
+                segment=Segment.WORKER,
+                holder=self.actor,
+                lease_ms=self.lease_ms,
+                claim_version=s.version + 1,
+            )
+
+    class StepRecorded(RunEvent):
+        """A step finished (or raised). Appending it is also the segment's heartbeat."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.StepRecorded"
+        seq: int
+        kind: str
+        name: str
+        duration_ms: int
+        payload: dict[str, Any] = Field(default_factory=dict)
+        privacy: PrivacyLevel = PrivacyLevel.METADATA
+        error_type: str | None = None
+        tokens: int = 0
+        cost: float = 0.0
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            # A write tool's marker is cleared only by its own successful result: a write that
+            # raised may or may not have happened, so its marker must stay (ADR 0002).
+            pending = s.pending_effects
+            if self.error_type is None:
+                pending = tuple(p for p in pending if p.seq != self.seq)
+            return s.evolve(
+                steps=self.seq,
+                pending_effects=pending,
+                iterations=s.iterations + (1 if self.kind == "llm" else 0),
+                tokens=s.tokens + self.tokens,
+                cost=s.cost + self.cost,
+            )
+
+    class LeaseRenewed(RunEvent):
+        """The holder extended its lease in the middle of a long step."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.LeaseRenewed"
+
+        def apply(self, state: RunState | None) -> RunState:
+            return self._require(state)
+
+    class EffectPending(RunEvent):
+        """A write tool is about to run at step `seq`; recorded before it runs, under the lease."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.EffectPending"
+        seq: int
+        tool: str
+        effect: Effect
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            marker = PendingEffect(seq=self.seq, tool=self.tool, effect=self.effect)
+            return s.evolve(pending_effects=(*s.pending_effects, marker))
+
+    class Completed(RunEvent):
+        """The agent returned; `result` is filtered by the privacy level like any step payload."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Completed"
+        result: dict[str, Any] = Field(default_factory=dict)
+        privacy: PrivacyLevel = PrivacyLevel.METADATA
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _settled(s, RunStatus.COMPLETED, reason=TerminationReason.COMPLETED)
+
+    class Failed(RunEvent):
+        """The run ended in failure without a retry (interactive segment, or a policy reason)."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Failed"
+        reason: TerminationReason
+        failure_class: FailureClass | None = None
+        error_type: str | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _settled(
+                s,
+                RunStatus.FAILED,
+                reason=self.reason,
+                failure_class=self.failure_class,
+                error_type=self.error_type,
+            )
+
+    class Cancelled(RunEvent):
+        """Somebody cancelled the run; a worker running it learns so at its next append."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Cancelled"
+        note: str | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _settled(s, RunStatus.CANCELLED, reason=TerminationReason.CANCELLED)
+
+    class Requeued(RunEvent):
+        """A transient failure sent the run back to the queue, claimable after `delay_ms`."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Requeued"
+        delay_ms: int
+        failure_class: FailureClass
+        error_type: str | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _released(
+                s,
+                RunStatus.QUEUED,
+                requeue_count=s.requeue_count + 1,
+                retry_delay_ms=self.delay_ms,
+                failure_class=self.failure_class,
+                error_type=self.error_type,
+            )
+
+    class Reclaimed(RunEvent):
+        """The reaper found the lease expired and put the run back on the queue at once."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Reclaimed"
+        previous_holder: str | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _released(
+                s, RunStatus.QUEUED, requeue_count=s.requeue_count + 1, retry_delay_ms=0
+            )
+
+    class DeadLettered(RunEvent):
+        """The run failed for good: `not_retryable` or `retries_exhausted`."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.DeadLettered"
+        reason: TerminationReason
+        cause: str
+        failure_class: FailureClass | None = None
+        error_type: str | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _settled(
+                s,
+                RunStatus.FAILED,
+                reason=self.reason,
+                failure_class=self.failure_class or s.failure_class,
+                error_type=self.error_type or s.error_type,
+            )
+
+    class Suspended(RunEvent):
+        """The run stopped to wait for a person; its lease is released and its resumable state
+        (pending calls and conversation) is saved verbatim beside the log."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Suspended"
+        kind: WaitKind
+        digest: str
+        pending_tools: tuple[str, ...] = ()
+        input_schema: dict[str, Any] | None = None
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            status = (
+                RunStatus.WAITING_FOR_APPROVAL
+                if self.kind is WaitKind.APPROVAL
+                else RunStatus.WAITING_FOR_INPUT
+            )
+            waiting = Waiting(
+                kind=self.kind,
+                digest=self.digest,
+                since_version=s.version + 1,
+                pending_tools=self.pending_tools,
+                input_schema=self.input_schema,
+            )
+            return _released(s, status, waiting=waiting, decision=None, has_resumable_state=True)
+
+    class Decided(RunEvent):
+        """A person approved or denied the pending calls (or submitted input), bound to their
+        digest. The values of submitted input are never recorded, only their keys."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Decided"
+        kind: WaitKind
+        approved: bool
+        digest: str
+        input_keys: tuple[str, ...] = ()
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            decision = Decision(
+                kind=self.kind, approved=self.approved, by=self.actor, digest=self.digest
+            )
+            return s.evolve(decision=decision)
+
+    class Resumed(RunEvent):
+        """A resumer took the decided run under its own lease (`resume:` holder)."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Resumed"
+        lease_ms: int
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return s.evolve(
+                status=RunStatus.RUNNING,
+                segment=Segment.RESUME,
+                holder=self.actor,
+                lease_ms=self.lease_ms,
+                claim_version=s.version + 1,
+                waiting=None,
+            )
+
+    class Released(RunEvent):
+        """A decided run was handed to the queue so that a worker resumes it."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Released"
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return s.evolve(status=RunStatus.QUEUED, waiting=None, retry_delay_ms=0)
+
+    # -- construction --------------------------------------------------------------------------
+
+    def __init__(self, state: RunState) -> None:
+        self._state = state
+        self._committed_version = state.version
+        self._pending: list[RunEvent] = []
+
+    @classmethod
+    def enqueue(
+        cls,
+        *,
+        run_id: UUID,
+        agent: str,
+        request_digest: str,
+        actor: str,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """A new queued run. Its request body is saved by the store, keyed by the run."""
+        event = cls.Queued(
+            actor=actor,
+            run_id=run_id,
+            agent=agent,
+            request_digest=request_digest,
+            idempotency_key=idempotency_key,
+        )
+        return cls._created(event)
+
+    @classmethod
+    def start(
+        cls, *, run_id: UUID, agent: str, request_digest: str, holder: str, lease_ms: int
+    ) -> Run:
+        """A new interactive run, running at once in its caller's process under `holder`."""
+        _check_lease(lease_ms)
+        event = cls.Started(
+            actor=holder,
+            run_id=run_id,
+            agent=agent,
+            request_digest=request_digest,
+            lease_ms=lease_ms,
+        )
+        return cls._created(event)
+
+    @classmethod
+    def _created(cls, event: RunEvent) -> Run:
+        run = cls(event.apply(None))
+        run._committed_version = 0
+        run._pending.append(event)
+        return run
+
+    @classmethod
+    def replay(cls, events: Iterable[RunEvent]) -> Run:
+        """The run as its recorded events describe it."""
+        state = fold(events)
+        if state is None:
+            raise IllegalTransition("a run needs at least its creation event")
+        return cls(state)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> RunState:
+        return self._state
+
+    @property
+    def id(self) -> UUID:
+        return self._state.run_id
+
+    @property
+    def status(self) -> RunStatus:
+        return self._state.status
+
+    @property
+    def version(self) -> int:
+        return self._state.version
+
+    @property
+    def committed_version(self) -> int:
+        """The version the store last confirmed; the next append is fenced on it."""
+        return self._committed_version
+
+    @property
+    def pending_events(self) -> tuple[RunEvent, ...]:
+        return tuple(self._pending)
+
+    def mark_committed(self) -> None:
+        """The store recorded every pending event."""
+        self._pending.clear()
+        self._committed_version = self._state.version
+
+    def discard_pending(self, committed: RunState) -> None:
+        """The store refused the pending events; fall back to what it last confirmed."""
+        self._pending.clear()
+        self._state = committed
+        self._committed_version = committed.version
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def claim(self, *, holder: str, lease_ms: int) -> None:
+        """Take a queued run under a lease of `lease_ms`."""
+        self._guard({RunStatus.QUEUED}, "claim")
+        _check_lease(lease_ms)
+        self._trigger(self.Claimed(actor=holder, lease_ms=lease_ms))
+
+    def record_step(
+        self,
+        *,
+        kind: str,
+        name: str,
+        duration_ms: int,
+        payload: Mapping[str, Any] | None = None,
+        privacy: PrivacyLevel = PrivacyLevel.METADATA,
+        error_type: str | None = None,
+        tokens: int = 0,
+        cost: float = 0.0,
+    ) -> int:
+        """Record the next step; returns its sequence number. The payload must already have
+        been filtered for `privacy` (the domain's privacy policy does that)."""
+        holder = self._holder("record a step")
+        seq = self._state.steps + 1
+        self._trigger(
+            self.StepRecorded(
+                actor=holder,
+                seq=seq,
+                kind=kind,
+                name=name,
+                duration_ms=max(0, duration_ms),
+                payload=dict(payload or {}),
+                privacy=privacy,
+                error_type=error_type,
+                tokens=tokens,
+                cost=cost,
+            )
+        )
+        return seq
+
+    def renew_lease(self) -> None:
+        """Extend the lease without recording a step (a long step's background heartbeat)."""
+        self._trigger(self.LeaseRenewed(actor=self._holder("renew the lease")))
+
+    def mark_effect_pending(self, *, tool: str, effect: Effect) -> int:
+        """Record that write tool `tool` is about to run as the next step; returns that step's
+        sequence number, which the tool's result must be recorded under."""
+        holder = self._holder("run a write tool")
+        if not effect.is_write:
+            raise IllegalTransition("only a write tool needs a pending-effect marker")
+        seq = self._state.steps + 1
+        self._trigger(self.EffectPending(actor=holder, seq=seq, tool=tool, effect=effect))
+        return seq
+
+    def complete(
+        self,
+        *,
+        result: Mapping[str, Any] | None = None,
+        privacy: PrivacyLevel = PrivacyLevel.METADATA,
+    ) -> None:
+        holder = self._holder("complete")
+        self._trigger(self.Completed(actor=holder, result=dict(result or {}), privacy=privacy))
+
+    def fail(
+        self,
+        *,
+        reason: TerminationReason,
+        failure_class: FailureClass | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        holder = self._holder("fail")
+        self._trigger(
+            self.Failed(
+                actor=holder, reason=reason, failure_class=failure_class, error_type=error_type
+            )
+        )
+
+    def cancel(self, *, actor: str, note: str | None = None) -> None:
+        """Cancel a queued, running or waiting run."""
+        if self._state.status.is_terminal:
+            raise IllegalTransition(f"cannot cancel a run that is {self._state.status}")
+        self._trigger(self.Cancelled(actor=actor, note=note))
+
+    def requeue(
+        self, *, delay_ms: int, failure_class: FailureClass, error_type: str | None
+    ) -> None:
+        """The holder sends its failed run back to the queue (the retry ladder decided so)."""
+        holder = self._holder("requeue")
+        if self._state.segment is not Segment.WORKER or not self._state.has_saved_request:
+            raise IllegalTransition("only a queued worker run with its request can be requeued")
+        if delay_ms < 0:
+            raise IllegalTransition("a requeue delay cannot be negative")
+        self._trigger(
+            self.Requeued(
+                actor=holder,
+                delay_ms=delay_ms,
+                failure_class=failure_class,
+                error_type=error_type,
+            )
+        )
+
+    def reclaim(self, *, actor: str) -> None:
+        """The reaper puts a running run whose lease expired back on the queue."""
+        self._guard({RunStatus.RUNNING}, "reclaim")
+        if not self._state.has_saved_request:
+            raise IllegalTransition("a run without its saved request cannot be reclaimed")
+        self._trigger(self.Reclaimed(actor=actor, previous_holder=self._state.holder))
+
+    def dead_letter(
+        self,
+        *,
+        actor: str,
+        reason: TerminationReason,
+        cause: str,
+        failure_class: FailureClass | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        """End a running run for good, by its holder (failure) or by the reaper (stale)."""
+        self._guard({RunStatus.RUNNING}, "dead-letter")
+        if not reason.is_dead_letter:
+            raise IllegalTransition(f"{reason} is not a dead-letter reason")
+        self._trigger(
+            self.DeadLettered(
+                actor=actor,
+                reason=reason,
+                cause=cause,
+                failure_class=failure_class,
+                error_type=error_type,
+            )
+        )
+
+    def suspend(
+        self,
+        *,
+        kind: WaitKind,
+        digest: str,
+        pending_tools: tuple[str, ...] = (),
+        input_schema: dict[str, Any] | None = None,
+    ) -> None:
+        """Stop to wait for a person; the store saves the resumable state beside the log."""
+        holder = self._holder("suspend")
+        self._trigger(
+            self.Suspended(
+                actor=holder,
+                kind=kind,
+                digest=digest,
+                pending_tools=pending_tools,
+                input_schema=input_schema,
+            )
+        )
+
+    def decide(
+        self,
+        *,
+        by: str,
+        kind: WaitKind,
+        approved: bool,
+        digest: str,
+        input_keys: tuple[str, ...] = (),
+    ) -> None:
+        """Record a person's decision on what the run waits for. The caller has checked the
+        digest against the resumable state; the domain checks it against the Suspended event."""
+        waiting = self._state.waiting
+        if waiting is None or not self._state.status.is_waiting:
+            raise IllegalTransition(f"cannot decide a run that is {self._state.status}")
+        if waiting.kind is not kind:
+            raise IllegalTransition(f"the run waits for {waiting.kind}, not {kind}")
+        if self._state.decision is not None:
+            raise IllegalTransition("the run was already decided and is resuming")
+        if digest != waiting.digest:
+            raise DigestMismatch("the decision names pending calls other than the run's")
+        self._trigger(
+            self.Decided(
+                actor=by, kind=kind, approved=approved, digest=digest, input_keys=input_keys
+            )
+        )
+
+    def resume(self, *, holder: str, lease_ms: int) -> None:
+        """Take a decided, waiting run under a `resume:` lease in the caller's process."""
+        self._require_decided("resume")
+        _check_lease(lease_ms)
+        self._trigger(self.Resumed(actor=holder, lease_ms=lease_ms))
+
+    def release(self, *, actor: str) -> None:
+        """Hand a decided, waiting run to the queue so that a worker resumes it."""
+        self._require_decided("release")
+        if not self._state.has_saved_request:
+            raise IllegalTransition("a run without a saved request cannot go back on the queue")
+        self._trigger(self.Released(actor=actor))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _require_decided(self, verb: str) -> None:
+        if not self._state.status.is_waiting:
+            raise IllegalTransition(f"cannot {verb} a run that is {self._state.status}")
+        if self._state.decision is None:
+            raise IllegalTransition(f"cannot {verb} a run nobody has decided yet")
+
+    def _guard(self, allowed: set[RunStatus], verb: str) -> None:
+        if self._state.status not in allowed:
+            raise IllegalTransition(f"cannot {verb} a run that is {self._state.status}")
+
+    def _holder(self, verb: str) -> str:
+        self._guard({RunStatus.RUNNING}, verb)
+        assert self._state.holder is not None, "a running run always has a holder"
+        return self._state.holder
+
+    def _trigger(self, event: RunEvent) -> None:
+        self._state = apply(self._state, event)
+        self._pending.append(event)
+
+
+def _check_lease(lease_ms: int) -> None:
+    if lease_ms <= 0:
+        raise IllegalTransition("a lease must be positive")
+
+
+def apply(state: RunState | None, event: RunEvent) -> RunState:
+    """Fold one event: the event's own rule, then the version advances by one."""
+    new = event.apply(state)
+    if state is None:
+        return new
+    return new.evolve(version=state.version + 1)
+
+
+def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:
+    """Fold events in order onto `state` (None: from the beginning)."""
+    for event in events:
+        state = apply(state, event)
+    return state

@@ -1,0 +1,359 @@
+"""The run store on PostgreSQL (psycopg 3 with a connection pool).
+
+Every write is one transaction sent as one pipeline: BEGIN, the log lock, the statements,
+COMMIT, and a single sync, so it costs one network round trip and one commit. Failures map to
+two domain errors only: a unique violation on the log's key is a `VersionConflict` (the
+fence), anything that lost the connection is `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+from urllib.parse import unquote, urlsplit
+from uuid import UUID
+
+import psycopg
+import psycopg_pool
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.ports import ClaimedRun, RecordedEvent
+from steptrail.domain.run import Run
+from steptrail.infrastructure.codec import decode_event, encode_event
+from steptrail.infrastructure.sqlfiles import migrations, queries
+from steptrail.infrastructure.store_base import (
+    REQUEST,
+    RESUMABLE,
+    encoded_events,
+    run_from_row,
+    side_effects,
+    state_params,
+)
+from steptrail.projections.run_index import RunRow
+
+EVENTS_TABLE = "steptrail_events"
+_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
+
+
+def datastore_from_url(url: str, *, pool_size: int, schema: str = "") -> PostgresDatastore:
+    """An eventsourcing PostgresDatastore (connection pool) for a `postgresql://` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"not a PostgreSQL URL: {url!r}")
+    dbname = unquote(parts.path.lstrip("/"))
+    if not dbname:
+        raise ValueError(f"the PostgreSQL URL names no database: {url!r}")
+    return PostgresDatastore(
+        dbname=dbname,
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        user=unquote(parts.username or "postgres"),
+        password=unquote(parts.password or ""),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        max_waiting=0,
+        pre_ping=True,
+        connect_timeout=5.0,
+        pool_open_timeout=10.0,
+        schema=schema,
+    )
+
+
+class PostgresRunStore:
+    """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
+
+    backend = "postgres"
+
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self.url = url
+        self.datastore = datastore_from_url(url, pool_size=pool_size)
+        self.q = queries(self.backend)
+        self._woken = threading.Event()
+        self._listener: threading.Thread | None = None
+        self._closed = threading.Event()
+        try:
+            # One plain connection first: it fails fast, with the server's own words
+            # ("connection refused", "database does not exist"), where the pool would only
+            # time out.
+            psycopg.connect(url, connect_timeout=5).close()
+            self.datastore.pool.open(wait=True, timeout=10.0)
+        except _CONNECTION_ERRORS as e:
+            self.datastore.close()
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {_first_line(e)}") from e
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[DictRow]]:
+        try:
+            with self.datastore.pool.connection() as conn:
+                yield conn
+        except psycopg.errors.UniqueViolation as e:
+            # Only the log's primary key is a fence; any other unique violation is a bug
+            # (or a taken idempotency key, which insert_run handles without raising).
+            if e.diag.constraint_name == f"{EVENTS_TABLE}_pkey":
+                raise VersionConflict("somebody appended to the run first") from e
+            raise
+        except _CONNECTION_ERRORS as e:
+            raise StoreUnavailable(_first_line(e)) from e
+
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection[DictRow]]:
+        """One write transaction, sent as one pipeline: a single network round trip.
+
+        BEGIN and COMMIT are sent as statements on purpose: psycopg's `conn.transaction()`
+        waits for the server after BEGIN inside a pipeline, which would cost extra round
+        trips. Results of statements executed inside are readable once this block exits.
+        If any statement fails, the server skips the rest and we roll back.
+        """
+        with self._connection() as conn:
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    conn.execute(self.q["lock_events"], prepare=True)
+                    yield conn
+                    conn.execute("COMMIT")
+            except BaseException:
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with suppress(psycopg.Error):
+                        conn.rollback()
+                raise
+
+    def close(self) -> None:
+        self._closed.set()
+        self.datastore.close()
+        if self._listener is not None:
+            self._listener.join(timeout=2)
+
+    def recorder(self) -> PostgresApplicationRecorder:
+        """The eventsourcing recorder over the same log (notification reading, subscribing)."""
+        return PostgresApplicationRecorder(self.datastore, events_table_name=EVENTS_TABLE)
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        """Apply missing migrations under an advisory lock; returns the names applied."""
+        applied_now: list[str] = []
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["migration_lock"])
+            conn.execute(self.q["create_migrations_table"])
+            done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
+            for number, name, sql in migrations(self.backend):
+                if number in done:
+                    continue
+                conn.execute(sql.encode("utf-8"))  # migration text ships with steptrail
+                conn.execute(self.q["record_migration"], {"version": number, "name": name})
+                applied_now.append(f"{number:04d}_{name}")
+        return applied_now
+
+    def pending_migrations(self) -> list[str]:
+        with self._connection() as conn:
+            exists = conn.execute(
+                "SELECT to_regclass('steptrail_schema_migrations') IS NOT NULL AS e"
+            ).fetchone()
+            done: set[int] = set()
+            if exists and exists["e"]:
+                done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
+        return [f"{n:04d}_{name}" for n, name, _ in migrations(self.backend) if n not in done]
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def _params(self, run: Run) -> dict[str, Any]:
+        params = state_params(run.state)
+        params["doc"] = Jsonb(params["doc"])
+        return params
+
+    def create(self, run: Run, *, request: bytes | None) -> Run:
+        (version, topic, state), *rest = encoded_events(run)
+        assert version == 1, "a run is created at version 1"
+        assert not rest, "a run is created by exactly one event"
+        params = {**self._params(run), "topic": topic, "state": state, "request": request}
+        with self._transaction() as conn:
+            cur = conn.execute(self.q["insert_run"], params, prepare=True)
+            _, notify = side_effects(run.state)
+            if notify:
+                conn.execute(self.q["notify_queued"], {"agent": run.state.agent})
+        if cur.fetchone() is None:
+            existing = self._one(
+                "select_run_by_key", {"idempotency_key": run.state.idempotency_key}
+            )
+            assert existing is not None, "insert_run skipped but no run has the key"
+            return run_from_row(existing)
+        run.mark_committed()
+        return run
+
+    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+        events = encoded_events(run)
+        if not events:
+            return
+        drop, notify = side_effects(run.state)
+        with self._transaction() as conn:
+            conn.execute(
+                self.q["insert_events"],
+                {
+                    "ids": [run.id] * len(events),
+                    "versions": [v for v, _, _ in events],
+                    "topics": [t for _, t, _ in events],
+                    "states": [s for _, _, s in events],
+                },
+                prepare=True,
+            )
+            conn.execute(self.q["update_run"], self._params(run), prepare=True)
+            if resumable is not None:
+                conn.execute(
+                    self.q["put_saved"], {"run_id": run.id, "kind": RESUMABLE, "body": resumable}
+                )
+            if drop:
+                conn.execute(self.q["drop_saved"], {"run_id": run.id})
+            if notify:
+                conn.execute(self.q["notify_queued"], {"agent": run.state.agent})
+        run.mark_committed()
+
+    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
+        topic, state = encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
+        params = {
+            "agents": list(agents),
+            "topic": topic,
+            "state": state,
+            "holder": holder,
+            "lease_ms": lease_ms,
+        }
+        with self._transaction() as conn:
+            cur = conn.execute(self.q["claim"], params, prepare=True)
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return ClaimedRun(run=run_from_row(row), request=bytes(row["request"] or b""))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def load(self, run_id: UUID) -> Run | None:
+        row = self._one("select_run", {"run_id": run_id})
+        return run_from_row(row) if row is not None else None
+
+    def row(self, run_id: UUID) -> RunRow | None:
+        row = self._one("select_run", {"run_id": run_id})
+        return _index_row(row) if row is not None else None
+
+    def saved(self, run_id: UUID, kind: str) -> bytes | None:
+        row = self._one("select_saved", {"run_id": run_id, "kind": kind})
+        return bytes(row["body"]) if row is not None else None
+
+    def request(self, run_id: UUID) -> bytes | None:
+        return self.saved(run_id, REQUEST)
+
+    def stale(self, limit: int) -> list[Run]:
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
+            return [run_from_row(r) for r in rows]
+
+    def history(self, run_id: UUID) -> list[RecordedEvent]:
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_history"], {"run_id": run_id}).fetchall()
+        return [
+            RecordedEvent(
+                run_id=run_id,
+                version=r["version"],
+                recorded_at=r["recorded_at"],
+                event=decode_event(r["topic"], bytes(r["state"])),
+                notification_id=r["notification_id"],
+            )
+            for r in rows
+        ]
+
+    def all_rows(self) -> list[RunRow]:
+        with self._connection() as conn:
+            return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
+
+    def iter_log(self) -> Iterator[tuple[UUID, RecordedEvent]]:
+        """Every event of every run, run by run, streamed with a server-side cursor."""
+        with self._connection() as conn, conn.transaction():
+            cur = conn.cursor(name="steptrail_log")
+            cur.itersize = 2000
+            cur.execute(self.q["select_log"])
+            for r in cur:
+                yield (
+                    r["run_id"],
+                    RecordedEvent(
+                        run_id=r["run_id"],
+                        version=r["version"],
+                        recorded_at=r["recorded_at"],
+                        event=decode_event(r["topic"], bytes(r["state"])),
+                    ),
+                )
+
+    def replace_index(self, rows: Sequence[RunRow]) -> None:
+        """Swap the whole run index for `rows` in one transaction (a rebuild)."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_events"])
+            conn.execute(self.q["delete_all_runs"])
+            with conn.cursor() as cur:
+                cur.executemany(self.q["insert_row"], [self._row_params(r) for r in rows])
+
+    def _row_params(self, row: RunRow) -> dict[str, Any]:
+        params = state_params(row.state)
+        params["doc"] = Jsonb(params["doc"])
+        params.update(
+            lease_expires_at=row.lease_expires_at,
+            available_at=row.available_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+        return params
+
+    def store_now(self) -> Any:
+        row = self._one("store_now", {})
+        assert row is not None
+        return row["now"]
+
+    def _one(self, name: str, params: dict[str, Any]) -> DictRow | None:
+        with self._connection() as conn:
+            return conn.execute(self.q[name], params, prepare=True).fetchone()
+
+    # -- waking idle workers -------------------------------------------------------------------
+
+    def wait_for_work(self, timeout: float) -> None:
+        if self._listener is None:
+            self._listener = threading.Thread(
+                target=self._listen, name="steptrail-listen", daemon=True
+            )
+            self._listener.start()
+        self._woken.wait(timeout)
+        self._woken.clear()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def _listen(self) -> None:
+        """LISTEN on a connection of its own; reconnect with a pause when it drops."""
+        while not self._closed.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(self.q["listen_queued"])
+                    # Anything queued while we were not listening must be looked at too.
+                    self._woken.set()
+                    while not self._closed.is_set():
+                        for _ in conn.notifies(timeout=1.0):
+                            self._woken.set()
+            except psycopg.Error:
+                self._closed.wait(1.0)
+
+
+def _index_row(row: DictRow) -> RunRow:
+    return RunRow(
+        state=run_from_row(row).state,
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        lease_expires_at=row["lease_expires_at"],
+        available_at=row["available_at"],
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

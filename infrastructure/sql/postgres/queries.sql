@@ -1,0 +1,190 @@
+-- Named queries for PostgreSQL. Every write runs inside one transaction sent as one pipeline
+-- (one network round trip, one commit): BEGIN, lock_events, the statements, COMMIT.
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS steptrail_schema_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_lock
+-- One migrator at a time, whichever machine it runs on; the others wait, then find nothing
+-- left to do. The key is arbitrary but fixed ("steptrail" in a 32-bit space).
+SELECT pg_advisory_xact_lock(1937337197);
+
+-- name: applied_migrations
+SELECT version FROM steptrail_schema_migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO steptrail_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: lock_events
+-- Serialise the writers of the log until they commit, so notification ids are issued in
+-- commit order and a reader tailing the log never passes a gap that fills in later. This is
+-- the eventsourcing library's choice (PostgresApplicationRecorder._lock_table) and we keep
+-- it: EXCLUSIVE mode still lets SELECTs run. It also gives every write the same lock order
+-- (the log first, then one run row), so writers cannot deadlock. The lock is held for one
+-- pipelined transaction only: no client round trip happens while it is held.
+LOCK TABLE steptrail_events IN EXCLUSIVE MODE;
+
+-- name: insert_events
+-- The primary key (originator_id, originator_version) is the fence: an append at a version
+-- somebody already used fails here, and the whole transaction with it.
+INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
+SELECT * FROM unnest(
+    %(ids)s::uuid[], %(versions)s::bigint[], %(topics)s::text[], %(states)s::bytea[]
+);
+
+-- name: insert_run
+-- A new run's row, creation event and saved request, unless its idempotency key is taken:
+-- then nothing is inserted and no row comes back (the caller reads the existing run).
+WITH new_run AS (
+    INSERT INTO steptrail_runs (
+        run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+        requeue_count, reason, idempotency_key, doc,
+        lease_expires_at, available_at, created_at, updated_at
+    ) VALUES (
+        %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
+        %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
+        %(idempotency_key)s, %(doc)s,
+        CASE WHEN %(status)s = 'running'
+            THEN now() + %(lease_ms)s::bigint * interval '1 millisecond' END,
+        CASE WHEN %(status)s = 'queued'
+            THEN now() + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
+        now(), now()
+    )
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING run_id
+), new_event AS (
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
+    SELECT run_id, 1, %(topic)s, %(state)s FROM new_run
+), new_request AS (
+    INSERT INTO steptrail_saved (run_id, kind, body)
+    SELECT run_id, 'request', %(request)s::bytea FROM new_run
+    WHERE %(request)s::bytea IS NOT NULL
+)
+SELECT run_id FROM new_run;
+
+-- name: update_run
+-- The run index follows the events in the same transaction (projections.run_index.row_after
+-- is the same rule in Python, used to rebuild). In SET, a bare column is the old value.
+UPDATE steptrail_runs SET
+    agent = %(agent)s,
+    status = %(status)s,
+    version = %(version)s,
+    segment = %(segment)s,
+    holder = %(holder)s,
+    lease_ms = %(lease_ms)s,
+    claim_version = %(claim_version)s,
+    requeue_count = %(requeue_count)s,
+    reason = %(reason)s,
+    idempotency_key = %(idempotency_key)s,
+    doc = %(doc)s,
+    lease_expires_at = CASE WHEN %(status)s = 'running'
+        THEN now() + %(lease_ms)s::bigint * interval '1 millisecond' END,
+    available_at = CASE
+        WHEN %(status)s <> 'queued' THEN NULL
+        WHEN status = 'queued' THEN available_at
+        ELSE now() + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
+    updated_at = now()
+WHERE run_id = %(run_id)s;
+
+-- name: put_saved
+INSERT INTO steptrail_saved (run_id, kind, body) VALUES (%(run_id)s, %(kind)s, %(body)s)
+ON CONFLICT (run_id, kind) DO UPDATE SET body = EXCLUDED.body;
+
+-- name: drop_saved
+DELETE FROM steptrail_saved WHERE run_id = %(run_id)s;
+
+-- name: notify_queued
+-- Delivered at commit; idle workers LISTENing wake at once instead of polling.
+SELECT pg_notify('steptrail_queued', %(agent)s);
+
+-- name: claim
+-- Take the queued run that became available first, in one statement: pick and lock its row,
+-- append Claimed at the next version, and update the row to running under the new lease.
+-- The Claimed payload does not depend on the run, so it is serialised by the caller; the
+-- column updates are the Claimed fold (Run.Claimed.apply), which the rebuild test checks.
+WITH picked AS (
+    SELECT run_id, version FROM steptrail_runs
+    WHERE status = 'queued' AND available_at <= now() AND agent = ANY(%(agents)s::text[])
+    ORDER BY available_at, run_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), claimed_event AS (
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
+    SELECT run_id, version + 1, %(topic)s, %(state)s FROM picked
+    RETURNING originator_id, originator_version
+), claimed AS (
+    UPDATE steptrail_runs AS r SET
+        status = 'running',
+        version = e.originator_version,
+        segment = 'worker',
+        holder = %(holder)s,
+        lease_ms = %(lease_ms)s,
+        claim_version = e.originator_version,
+        lease_expires_at = now() + %(lease_ms)s::bigint * interval '1 millisecond',
+        available_at = NULL,
+        updated_at = now()
+    FROM claimed_event AS e
+    WHERE r.run_id = e.originator_id
+    RETURNING r.*
+)
+SELECT c.*, s.body AS request
+FROM claimed AS c
+LEFT JOIN steptrail_saved AS s ON s.run_id = c.run_id AND s.kind = 'request';
+
+-- name: select_run
+SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
+
+-- name: select_run_by_key
+SELECT * FROM steptrail_runs WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: select_saved
+SELECT body FROM steptrail_saved WHERE run_id = %(run_id)s AND kind = %(kind)s;
+
+-- name: select_stale
+-- Only running runs whose lease expired by the store's clock, oldest deadline first; the
+-- partial index on lease_expires_at makes this proportional to the stale runs returned.
+SELECT * FROM steptrail_runs
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT %(limit)s;
+
+-- name: select_history
+SELECT originator_version AS version, recorded_at, topic, state, notification_id
+FROM steptrail_events
+WHERE originator_id = %(run_id)s
+ORDER BY originator_version;
+
+-- name: select_log
+-- Every event of every run, run by run, for rebuilding the run index.
+SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
+FROM steptrail_events
+ORDER BY originator_id, originator_version;
+
+-- name: select_all_runs
+SELECT * FROM steptrail_runs ORDER BY run_id;
+
+-- name: delete_all_runs
+DELETE FROM steptrail_runs;
+
+-- name: insert_row
+-- A rebuilt row, with the instants the fold computed from the events' recorded_at.
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+    requeue_count, reason, idempotency_key, doc,
+    lease_expires_at, available_at, created_at, updated_at
+) VALUES (
+    %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
+    %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
+    %(idempotency_key)s, %(doc)s,
+    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
+);
+
+-- name: store_now
+SELECT now() AS now;
+
+-- name: listen_queued
+LISTEN steptrail_queued;

@@ -1,0 +1,138 @@
+-- Named queries for SQLite. Every write runs in one `BEGIN IMMEDIATE` transaction, which takes
+-- SQLite's single write lock up front: writers queue on the busy timeout instead of failing
+-- when a read transaction tries to upgrade. The store's clock is the host's, read once inside
+-- that lock and passed as :at (integer microseconds), so all rows of one commit share it.
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS steptrail_schema_migrations (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+-- name: migration_lock
+-- SQLite: the BEGIN IMMEDIATE around the migration is the lock; this reads nothing.
+SELECT 1;
+
+-- name: applied_migrations
+SELECT version FROM steptrail_schema_migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO steptrail_schema_migrations (version, name, applied_at)
+VALUES (:version, :name, :at);
+
+-- name: lock_events
+-- SQLite: BEGIN IMMEDIATE already serialises every writer; this reads nothing.
+SELECT 1;
+
+-- name: insert_events
+-- The UNIQUE (originator_id, originator_version) constraint is the fence.
+INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+VALUES (:id, :version, :topic, :state, :at);
+
+-- name: insert_run
+-- SQLite: the idempotency key is checked by select_run_by_key inside the same IMMEDIATE
+-- transaction before this runs, so no ON CONFLICT trickery is needed.
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+    requeue_count, reason, idempotency_key, doc,
+    lease_expires_at, available_at, created_at, updated_at
+) VALUES (
+    :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
+    :requeue_count, :reason, :idempotency_key, :doc,
+    CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
+    CASE WHEN :status = 'queued' THEN :at + :retry_delay_ms * 1000 END,
+    :at, :at
+);
+
+-- name: update_run
+-- Same rule as PostgreSQL's update_run (and projections.run_index.row_after).
+UPDATE steptrail_runs SET
+    agent = :agent,
+    status = :status,
+    version = :version,
+    segment = :segment,
+    holder = :holder,
+    lease_ms = :lease_ms,
+    claim_version = :claim_version,
+    requeue_count = :requeue_count,
+    reason = :reason,
+    idempotency_key = :idempotency_key,
+    doc = :doc,
+    lease_expires_at = CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
+    available_at = CASE
+        WHEN :status <> 'queued' THEN NULL
+        WHEN status = 'queued' THEN available_at
+        ELSE :at + :retry_delay_ms * 1000 END,
+    updated_at = :at
+WHERE run_id = :run_id;
+
+-- name: put_saved
+INSERT INTO steptrail_saved (run_id, kind, body) VALUES (:run_id, :kind, :body)
+ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
+
+-- name: drop_saved
+DELETE FROM steptrail_saved WHERE run_id = :run_id;
+
+-- name: notify_queued
+-- SQLite has no LISTEN/NOTIFY: workers in this process are woken in memory, others poll.
+SELECT 1;
+
+-- name: claim
+-- SQLite: the candidate only. Inside the IMMEDIATE transaction nobody else can write, so the
+-- caller applies Run.claim and writes it with insert_events and update_run, then commits.
+SELECT * FROM steptrail_runs
+WHERE status = 'queued' AND available_at <= :now
+  AND agent IN (SELECT value FROM json_each(:agents))
+ORDER BY available_at, run_id
+LIMIT 1;
+
+-- name: select_run
+SELECT * FROM steptrail_runs WHERE run_id = :run_id;
+
+-- name: select_run_by_key
+SELECT * FROM steptrail_runs WHERE idempotency_key = :idempotency_key;
+
+-- name: select_saved
+SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
+
+-- name: select_stale
+SELECT * FROM steptrail_runs
+WHERE status = 'running' AND lease_expires_at < :now
+ORDER BY lease_expires_at
+LIMIT :limit;
+
+-- name: select_history
+SELECT originator_version AS version, recorded_at, topic, state, notification_id
+FROM steptrail_events
+WHERE originator_id = :run_id
+ORDER BY originator_version;
+
+-- name: select_log
+SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
+FROM steptrail_events
+ORDER BY originator_id, originator_version;
+
+-- name: select_all_runs
+SELECT * FROM steptrail_runs ORDER BY run_id;
+
+-- name: delete_all_runs
+DELETE FROM steptrail_runs;
+
+-- name: insert_row
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+    requeue_count, reason, idempotency_key, doc,
+    lease_expires_at, available_at, created_at, updated_at
+) VALUES (
+    :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
+    :requeue_count, :reason, :idempotency_key, :doc,
+    :lease_expires_at, :available_at, :created_at, :updated_at
+);
+
+-- name: store_now
+SELECT :now AS now;
+
+-- name: listen_queued
+-- SQLite has no LISTEN; see notify_queued.
+SELECT 1;

@@ -1,0 +1,373 @@
+"""The run store on SQLite: the embedded default, zero setup.
+
+Every write is one `BEGIN IMMEDIATE` transaction on the eventsourcing library's SQLite pool,
+whose writer lock already lets one thread of this process write at a time; other processes
+wait on SQLite's busy timeout. The store's clock is the host's, read once inside the write
+lock, so all rows of one commit share the same instant (ADR 0003).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+from uuid import UUID, uuid4
+
+from eventsourcing.persistence import PersistenceError
+from eventsourcing.sqlite import SQLiteDatastore
+
+from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.ports import ClaimedRun, RecordedEvent
+from steptrail.domain.run import Run
+from steptrail.infrastructure.codec import decode_event
+from steptrail.infrastructure.sqlfiles import migrations, queries
+from steptrail.infrastructure.store_base import (
+    REQUEST,
+    RESUMABLE,
+    encoded_events,
+    run_from_row,
+    side_effects,
+    state_params,
+)
+from steptrail.projections.run_index import RunRow
+
+BUSY_TIMEOUT_SECONDS = 30
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# Idle workers of this process sleep on one event per database file; enqueuers set it. Workers
+# in other processes cannot be woken this way and poll (SQLite has no LISTEN/NOTIFY).
+_WAKERS: dict[str, threading.Event] = {}
+_WAKERS_LOCK = threading.Lock()
+
+
+def path_from_url(url: str) -> str:
+    """The database name the eventsourcing SQLite pool wants for a `sqlite:///` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ValueError(f"not a SQLite URL: {url!r}")
+    path = parts.path[1:] if parts.path.startswith("/") and not parts.netloc else parts.path
+    if parts.netloc:
+        raise ValueError(
+            f"a SQLite URL has no host; use sqlite:///relative or sqlite:////abs: {url!r}"
+        )
+    if path in ("", ":memory:"):
+        # A private shared-cache database: every connection of this store sees the same one.
+        return f"file:steptrail-{uuid4().hex}?mode=memory&cache=shared"
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"the folder of the SQLite database does not exist: {folder}")
+    return str(Path(path).expanduser())
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def to_datetime(us: int | None) -> datetime | None:
+    if us is None:
+        return None
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def to_us(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    delta = value.astimezone(UTC) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+class SQLiteRunStore:
+    """`RunStore` on SQLite. See the module docstring for the write protocol."""
+
+    backend = "sqlite"
+
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self.url = url
+        self.db_name = path_from_url(url)
+        self.datastore = SQLiteDatastore(
+            self.db_name,
+            lock_timeout=BUSY_TIMEOUT_SECONDS,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_timeout=BUSY_TIMEOUT_SECONDS,
+        )
+        self.q = queries(self.backend)
+        with _WAKERS_LOCK:
+            self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
+        try:
+            with self._read() as cur:
+                cur.execute("SELECT 1")
+        except StoreUnavailable:
+            self.datastore.close()
+            raise
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
+        """A cursor in an IMMEDIATE transaction, and the store's clock read inside it."""
+        try:
+            with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
+                # synchronous=NORMAL in WAL mode: a commit survives the process being killed
+                # (what a worker crash is); only an OS crash may lose the latest commits.
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    yield cur, now_us()
+                    conn.commit()
+                except BaseException:
+                    with suppress(sqlite3.Error):
+                        conn.rollback()
+                    raise
+        except sqlite3.IntegrityError as e:
+            if "steptrail_events" in str(e):
+                raise VersionConflict("somebody appended to the run first") from e
+            raise
+        except (sqlite3.OperationalError, PersistenceError) as e:
+            raise StoreUnavailable(str(e)) from e
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Cursor]:
+        try:
+            with self.datastore.get_connection(commit=False) as conn, conn.cursor() as cur:
+                yield cur
+        except (sqlite3.OperationalError, PersistenceError) as e:
+            raise StoreUnavailable(str(e)) from e
+
+    def close(self) -> None:
+        self.datastore.close()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        applied_now: list[str] = []
+        with self._write() as (cur, at):
+            cur.execute(self.q["create_migrations_table"])
+            cur.execute(self.q["applied_migrations"])
+            done = {r["version"] for r in cur.fetchall()}
+            for number, name, sql in migrations(self.backend):
+                if number in done:
+                    continue
+                # executescript would COMMIT our transaction; run statement by statement.
+                for statement in _statements(sql):
+                    cur.execute(statement)
+                cur.execute(self.q["record_migration"], {"version": number, "name": name, "at": at})
+                applied_now.append(f"{number:04d}_{name}")
+        return applied_now
+
+    def pending_migrations(self) -> list[str]:
+        with self._read() as cur:
+            cur.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' "
+                "AND name='steptrail_schema_migrations'"
+            )
+            done: set[int] = set()
+            if cur.fetchone() is not None:
+                cur.execute(self.q["applied_migrations"])
+                done = {r["version"] for r in cur.fetchall()}
+        return [f"{n:04d}_{name}" for n, name, _ in migrations(self.backend) if n not in done]
+
+    # -- writes --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _params(run: Run, at: int) -> dict[str, Any]:
+        params = state_params(run.state)
+        params["run_id"] = run.id.hex
+        params["doc"] = json.dumps(params["doc"], separators=(",", ":"))
+        params["at"] = at
+        return params
+
+    def _insert_events(self, cur: sqlite3.Cursor, run: Run, at: int) -> None:
+        cur.executemany(
+            self.q["insert_events"],
+            [
+                {"id": run.id.hex, "version": v, "topic": t, "state": s, "at": at}
+                for v, t, s in encoded_events(run)
+            ],
+        )
+
+    def create(self, run: Run, *, request: bytes | None) -> Run:
+        with self._write() as (cur, at):
+            if run.state.idempotency_key is not None:
+                cur.execute(
+                    self.q["select_run_by_key"], {"idempotency_key": run.state.idempotency_key}
+                )
+                existing = cur.fetchone()
+                if existing is not None:
+                    return run_from_row(existing)
+            self._insert_events(cur, run, at)
+            cur.execute(self.q["insert_run"], self._params(run, at))
+            if request is not None:
+                cur.execute(
+                    self.q["put_saved"], {"run_id": run.id.hex, "kind": REQUEST, "body": request}
+                )
+        run.mark_committed()
+        self._wake_if_queued(run)
+        return run
+
+    def _write_append(
+        self, cur: sqlite3.Cursor, run: Run, at: int, resumable: bytes | None
+    ) -> None:
+        self._insert_events(cur, run, at)
+        cur.execute(self.q["update_run"], self._params(run, at))
+        if resumable is not None:
+            cur.execute(
+                self.q["put_saved"], {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable}
+            )
+        drop, _ = side_effects(run.state)
+        if drop:
+            cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
+
+    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+        if not run.pending_events:
+            return
+        with self._write() as (cur, at):
+            self._write_append(cur, run, at, resumable)
+        run.mark_committed()
+        self._wake_if_queued(run)
+
+    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
+        with self._write() as (cur, at):
+            cur.execute(self.q["claim"], {"now": at, "agents": json.dumps(list(agents))})
+            row = cur.fetchone()
+            if row is None:
+                return None
+            run = run_from_row(row)
+            run.claim(holder=holder, lease_ms=lease_ms)
+            self._write_append(cur, run, at, None)
+            cur.execute(self.q["select_saved"], {"run_id": run.id.hex, "kind": REQUEST})
+            saved = cur.fetchone()
+        run.mark_committed()
+        return ClaimedRun(run=run, request=bytes(saved["body"]) if saved else b"")
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _one(self, name: str, params: dict[str, Any]) -> sqlite3.Row | None:
+        with self._read() as cur:
+            cur.execute(self.q[name], params)
+            row: sqlite3.Row | None = cur.fetchone()
+            return row
+
+    def load(self, run_id: UUID) -> Run | None:
+        row = self._one("select_run", {"run_id": run_id.hex})
+        return run_from_row(row) if row is not None else None
+
+    def row(self, run_id: UUID) -> RunRow | None:
+        row = self._one("select_run", {"run_id": run_id.hex})
+        return _index_row(row) if row is not None else None
+
+    def saved(self, run_id: UUID, kind: str) -> bytes | None:
+        row = self._one("select_saved", {"run_id": run_id.hex, "kind": kind})
+        return bytes(row["body"]) if row is not None else None
+
+    def request(self, run_id: UUID) -> bytes | None:
+        return self.saved(run_id, REQUEST)
+
+    def stale(self, limit: int) -> list[Run]:
+        with self._read() as cur:
+            cur.execute(self.q["select_stale"], {"now": now_us(), "limit": limit})
+            return [run_from_row(r) for r in cur.fetchall()]
+
+    def history(self, run_id: UUID) -> list[RecordedEvent]:
+        with self._read() as cur:
+            cur.execute(self.q["select_history"], {"run_id": run_id.hex})
+            rows = cur.fetchall()
+        return [
+            RecordedEvent(
+                run_id=run_id,
+                version=r["version"],
+                recorded_at=to_datetime(r["recorded_at"]) or datetime.now(UTC),
+                event=decode_event(r["topic"], bytes(r["state"])),
+                notification_id=r["notification_id"],
+            )
+            for r in rows
+        ]
+
+    def all_rows(self) -> list[RunRow]:
+        with self._read() as cur:
+            cur.execute(self.q["select_all_runs"])
+            return [_index_row(r) for r in cur.fetchall()]
+
+    def iter_log(self) -> Iterator[tuple[UUID, RecordedEvent]]:
+        with self._read() as cur:
+            cur.execute(self.q["select_log"])
+            while batch := cur.fetchmany(2000):
+                for r in batch:
+                    run_id = UUID(r["run_id"])
+                    yield (
+                        run_id,
+                        RecordedEvent(
+                            run_id=run_id,
+                            version=r["version"],
+                            recorded_at=to_datetime(r["recorded_at"]) or datetime.now(UTC),
+                            event=decode_event(r["topic"], bytes(r["state"])),
+                        ),
+                    )
+
+    def replace_index(self, rows: Sequence[RunRow]) -> None:
+        with self._write() as (cur, _):
+            cur.execute(self.q["delete_all_runs"])
+            cur.executemany(self.q["insert_row"], [self._row_params(r) for r in rows])
+
+    @staticmethod
+    def _row_params(row: RunRow) -> dict[str, Any]:
+        params = state_params(row.state)
+        params["run_id"] = row.state.run_id.hex
+        params["doc"] = json.dumps(params["doc"], separators=(",", ":"))
+        params.update(
+            lease_expires_at=to_us(row.lease_expires_at),
+            available_at=to_us(row.available_at),
+            created_at=to_us(row.created_at),
+            updated_at=to_us(row.updated_at),
+        )
+        return params
+
+    def store_now(self) -> datetime:
+        return to_datetime(now_us()) or datetime.now(UTC)
+
+    # -- waking idle workers -------------------------------------------------------------------
+
+    def _wake_if_queued(self, run: Run) -> None:
+        if side_effects(run.state)[1]:
+            self._woken.set()
+
+    def wait_for_work(self, timeout: float) -> None:
+        self._woken.wait(timeout)
+        self._woken.clear()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+
+def _index_row(row: sqlite3.Row) -> RunRow:
+    return RunRow(
+        state=run_from_row(row).state,
+        created_at=to_datetime(row["created_at"]) or datetime.now(UTC),
+        updated_at=to_datetime(row["updated_at"]) or datetime.now(UTC),
+        lease_expires_at=to_datetime(row["lease_expires_at"]),
+        available_at=to_datetime(row["available_at"]),
+    )
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a migration script (no statement of ours contains a semicolon
+    inside a literal; sqlite3.complete_statement guards the split anyway)."""
+    out: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            out.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        out.append(buffer.strip())
+    return out

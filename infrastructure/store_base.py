@@ -1,0 +1,50 @@
+"""What both backends' run stores share: turning states into row parameters and rows back
+into runs, so the SQL is the only thing that differs between them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from steptrail.domain.enums import RunStatus
+from steptrail.domain.run import Run, RunState
+from steptrail.infrastructure.codec import encode_event
+from steptrail.projections.run_index import COLUMN_FIELDS, join_state, split_state
+
+REQUEST = "request"
+RESUMABLE = "resumable"
+
+
+def state_params(state: RunState) -> dict[str, Any]:
+    """The run index parameters for `state` (columns, document, retry delay)."""
+    columns, document = split_state(state)
+    return {**columns, "doc": document, "retry_delay_ms": state.retry_delay_ms}
+
+
+def encoded_events(run: Run) -> list[tuple[int, str, bytes]]:
+    """(version, topic, state) of each pending event of `run`, in order."""
+    first = run.committed_version + 1
+    return [(first + i, *encode_event(e)) for i, e in enumerate(run.pending_events)]
+
+
+class RowLike(Protocol):
+    """A database row readable by column name (a psycopg dict row or an sqlite3.Row)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def run_from_row(row: RowLike) -> Run:
+    """The run a row of the index describes."""
+    document = row["doc"]
+    if isinstance(document, (str, bytes)):
+        document = json.loads(document)
+    return Run(join_state({k: row[k] for k in COLUMN_FIELDS}, document))
+
+
+def side_effects(state: RunState) -> tuple[bool, bool]:
+    """(drop saved state, notify idle workers) for a run that has just become `state`.
+
+    Settling drops the saved request and resumable state in the same transaction, which is
+    how they are "cleared" although the log itself is never rewritten (ADR 0008).
+    """
+    return state.status.is_terminal, state.status is RunStatus.QUEUED

@@ -1,0 +1,122 @@
+"""The run index: one row per run, the read model workers claim from and the reaper scans.
+
+A row is the run's folded state (`RunState`) plus the instants the store's clock gives it:
+when the lease expires, when a queued run becomes claimable, when the run was created and
+last changed. It is maintained in the same transaction as the events it folds (so a run is
+claimable the moment its `Queued` commits, and two workers can never both hold it), and it
+can be rebuilt from the log alone: `row_after` is the rule both paths follow (ADR 0004).
+
+The hot fields are columns (status, version, holder, lease …) so that a claim can be a single
+UPDATE; the rest of the state travels as a JSON document. `split_state` and `join_state`
+convert between the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from steptrail.domain.enums import RunStatus
+from steptrail.domain.run import RunEvent, RunState, apply
+
+# State fields stored as columns of the index; everything else is in the JSON document.
+COLUMN_FIELDS: tuple[str, ...] = (
+    "run_id",
+    "agent",
+    "version",
+    "status",
+    "segment",
+    "holder",
+    "lease_ms",
+    "claim_version",
+    "requeue_count",
+    "reason",
+    "idempotency_key",
+)
+
+
+def split_state(state: RunState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(columns, document) of a state, both JSON-compatible."""
+    data = state.model_dump(mode="json")
+    columns = {k: data.pop(k) for k in COLUMN_FIELDS}
+    return columns, data
+
+
+def join_state(columns: Mapping[str, Any], document: Mapping[str, Any]) -> RunState:
+    """The state a row's columns and document describe."""
+    return RunState.model_validate({**document, **{k: columns[k] for k in COLUMN_FIELDS}})
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One row of the run index, with the store's instants."""
+
+    state: RunState
+    created_at: datetime
+    updated_at: datetime
+    lease_expires_at: datetime | None
+    available_at: datetime | None
+
+    @property
+    def run_id(self) -> UUID:
+        return self.state.run_id
+
+    @property
+    def status(self) -> RunStatus:
+        return self.state.status
+
+
+def row_after(previous: RunRow | None, state: RunState, at: datetime) -> RunRow:
+    """The row once `state` was recorded at the store's instant `at`.
+
+    * A running run's lease expires `lease_ms` after its latest append: every append by the
+      holder is a heartbeat, and no foreign append leaves a run running.
+    * A run becomes claimable `retry_delay_ms` after it entered the queue; a row that was
+      already queued keeps its time (no event keeps a queued run queued today, but the rule
+      must not depend on that).
+    """
+    lease_expires_at = None
+    if state.status is RunStatus.RUNNING and state.lease_ms is not None:
+        lease_expires_at = at + timedelta(milliseconds=state.lease_ms)
+    available_at = None
+    if state.status is RunStatus.QUEUED:
+        if previous is not None and previous.status is RunStatus.QUEUED:
+            available_at = previous.available_at
+        else:
+            available_at = at + timedelta(milliseconds=state.retry_delay_ms)
+    return RunRow(
+        state=state,
+        created_at=previous.created_at if previous is not None else at,
+        updated_at=at,
+        lease_expires_at=lease_expires_at,
+        available_at=available_at,
+    )
+
+
+def rebuild_row(recorded: Iterable[tuple[RunEvent, datetime]]) -> RunRow | None:
+    """Fold a run's events, each with the instant it was recorded, into its index row."""
+    row: RunRow | None = None
+    for event, at in recorded:
+        state = apply(row.state if row is not None else None, event)
+        row = row_after(row, state, at)
+    return row
+
+
+def normalise(row: RunRow) -> RunRow:
+    """The row with instants in UTC, so rows read from different backends compare equal."""
+
+    def utc(value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        return value.astimezone(UTC)
+
+    return replace(
+        row,
+        created_at=utc(row.created_at) or row.created_at,
+        updated_at=utc(row.updated_at) or row.updated_at,
+        lease_expires_at=utc(row.lease_expires_at),
+        available_at=utc(row.available_at),
+    )

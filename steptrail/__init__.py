@@ -1,0 +1,82 @@
+"""steptrail: event-sourced durable runs for LLM agents.
+
+import steptrail
+
+app = steptrail.App()
+
+@app.agent("summarise")
+def summarise(ctx: steptrail.RunContext, request: dict) -> dict:
+    text = ctx.llm("draft", lambda: call_model(request["text"]))
+    return {"summary": text}
+
+with steptrail.open(app) as rt:          # sqlite:///steptrail.db unless configured
+    run_id = rt.enqueue("summarise", {"text": "..."})
+    rt.work(burst=True)
+    print(rt.get(run_id).status)
+"""
+
+from __future__ import annotations
+
+from steptrail.domain.classifier import (
+    ClassifiedError,
+    FallbackChainExhausted,
+    HttpStatusError,
+)
+from steptrail.domain.enums import (
+    Effect,
+    FailureClass,
+    Outcome,
+    PrivacyLevel,
+    RunStatus,
+    TerminationReason,
+)
+from steptrail.domain.errors import (
+    DigestMismatch,
+    IllegalTransition,
+    InvalidInput,
+    StoreUnavailable,
+    UnknownRun,
+)
+from steptrail.domain.ports import RecordedEvent
+from steptrail.infrastructure.settings import Settings
+from steptrail.projections.run_index import RunRow
+from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.workers.context import Recorded, RunContext, RunFailed
+from steptrail.workers.execute import SegmentResult
+from steptrail.workers.reaper import ReapReport
+from steptrail.workers.registry import App, UnknownAgent
+from steptrail.workers.segment import LeaseLost
+
+open = open_runtime
+
+__all__ = [
+    "App",
+    "ClassifiedError",
+    "DigestMismatch",
+    "Effect",
+    "FailureClass",
+    "FallbackChainExhausted",
+    "HttpStatusError",
+    "IllegalTransition",
+    "InvalidInput",
+    "InvalidRequest",
+    "LeaseLost",
+    "Outcome",
+    "PrivacyLevel",
+    "ReapReport",
+    "Recorded",
+    "RecordedEvent",
+    "RunContext",
+    "RunFailed",
+    "RunRow",
+    "RunStatus",
+    "Runtime",
+    "SegmentResult",
+    "Settings",
+    "StoreUnavailable",
+    "TerminationReason",
+    "UnknownAgent",
+    "UnknownRun",
+    "open",
+    "open_runtime",
+]

@@ -1,0 +1,5 @@
+"""`python -m steptrail` is the `steptrail` command."""
+
+from steptrail.cli import main
+
+main()

@@ -1,0 +1,324 @@
+"""The `steptrail` command line.
+
+Exit codes: 0 success; 1 the run is unknown or cannot do that now (e.g. cancel a finished
+run); 2 bad input (unknown agent, malformed JSON, bad option or URL), nothing written; 3 the
+database cannot be reached or its schema is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn, TypeVar
+from uuid import UUID
+
+import typer
+from rich.console import Console
+
+from steptrail.domain.errors import IllegalTransition, StoreUnavailable, UnknownRun
+from steptrail.infrastructure.factory import SchemaMissing
+from steptrail.infrastructure.logging import configure_logging
+from steptrail.infrastructure.settings import Settings
+from steptrail.render import event_dict, print_run, row_dict
+from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.workers.registry import App, UnknownAgent
+
+cli = typer.Typer(
+    name="steptrail",
+    help=(
+        "Durable, event-sourced runs for LLM agents. Every run is an append-only event log; "
+        "workers claim runs under a lease renewed at every step; the reaper reclaims runs "
+        "whose worker died. Configure with STEPTRAIL_* variables (see README)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+T = TypeVar("T")
+
+
+@dataclass
+class Options:
+    app_ref: str | None
+    database_url: str | None
+
+
+def fail(message: str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def load_app(ref: str) -> App:
+    """The App at `module:attribute` (an App, or a callable returning one)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        fail(f"--app must look like module:attribute, not {ref!r}", 2)
+    sys.path.insert(0, ".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        fail(f"cannot import {module_name!r}: {error}", 2)
+    target = getattr(module, attr, None)
+    if callable(target) and not isinstance(target, App):
+        target = target()
+    if not isinstance(target, App):
+        fail(f"{ref} is not a steptrail.App", 2)
+    return target
+
+
+@contextmanager
+def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
+    """Open the runtime the global options describe, turning known failures into exits."""
+    options: Options = ctx.obj
+    try:
+        settings = Settings(**overrides)
+        if options.database_url:
+            settings.database_url = options.database_url
+        configure_logging(settings.log_format, settings.log_level)
+        app = load_app(options.app_ref) if options.app_ref else None
+        rt = open_runtime(app, settings=settings)
+    except ValueError as error:
+        fail(str(error).splitlines()[0], 2)
+    except (StoreUnavailable, SchemaMissing) as error:
+        fail(f"the database is not available: {error}", 3)
+    try:
+        yield rt
+    except (UnknownAgent, InvalidRequest) as error:
+        fail(str(error), 2)
+    except (UnknownRun, IllegalTransition) as error:
+        fail(str(error), 1)
+    except StoreUnavailable as error:
+        fail(f"the database is not available: {error}", 3)
+    finally:
+        rt.close()
+
+
+def parse_run_id(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a run id (a UUID)") from None
+
+
+def emit_json(data: Any) -> None:
+    out.print_json(json.dumps(data, default=str))
+
+
+@cli.callback()
+def main_options(
+    ctx: typer.Context,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            envvar="STEPTRAIL_APP",
+            metavar="MODULE:ATTR",
+            help="Your agents: a steptrail.App at module:attribute (the built-in `scripted` "
+            "agent is always there).",
+        ),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            metavar="URL",
+            help="sqlite:///path.db or postgresql://user@host/db "
+            "(default: $STEPTRAIL_DATABASE_URL, else sqlite:///steptrail.db).",
+        ),
+    ] = None,
+) -> None:
+    ctx.obj = Options(app_ref=app, database_url=database_url)
+
+
+@cli.command()
+def migrate(ctx: typer.Context) -> None:
+    """Create or upgrade the database schema (workers also do this on start, once)."""
+    with runtime(ctx, auto_migrate=False) as rt:
+        applied = rt.store.migrate()
+        out.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+
+
+@cli.command()
+def enqueue(
+    ctx: typer.Context,
+    agent: Annotated[str, typer.Argument(help="The registered agent to run.")],
+    request: Annotated[
+        str, typer.Option("--request", "-r", help="The request, a JSON object.")
+    ] = "{}",
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="Idempotency key: enqueueing the same key again returns "
+            "the existing run instead of a duplicate.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Put a run on the queue and print its id. Nothing is written if the agent is unknown
+    or the request is not a valid JSON object."""
+    try:
+        body = json.loads(request)
+    except json.JSONDecodeError as error:
+        fail(f"--request is not valid JSON: {error}", 2)
+    if not isinstance(body, dict):
+        fail("--request must be a JSON object", 2)
+    with runtime(ctx) as rt:
+        run_id = rt.enqueue(agent, body, idempotency_key=key)
+        if as_json:
+            emit_json({"run_id": str(run_id)})
+        else:
+            out.print(str(run_id))
+
+
+@cli.command()
+def work(
+    ctx: typer.Context,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Runs executed at once.")
+    ] = 1,
+    burst: Annotated[
+        bool,
+        typer.Option(
+            "--burst",
+            help="Exit once no run is ready and none is in flight "
+            "(runs waiting on a retry delay are left for later).",
+        ),
+    ] = False,
+) -> None:
+    """Claim and execute queued runs until interrupted. The first Ctrl-C / SIGTERM stops
+    claiming and lets runs in flight finish; a second one exits at once (the reaper then
+    reclaims those runs when their leases expire)."""
+    with runtime(ctx) as rt:
+        worker = rt.worker(concurrency=concurrency, burst=burst)
+        _stop_on_signals(worker.stop)
+        report = worker.run()
+        out.print(json.dumps(report.as_dict()))
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    seen = {"count": 0}
+
+    def handler(signum: int, frame: object) -> None:
+        seen["count"] += 1
+        if seen["count"] > 1:
+            raise SystemExit(130)
+        err.print("stopping: finishing runs in flight (signal again to exit now)")
+        stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+@cli.command()
+def show(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A run's state and its full event trail, in order."""
+    rid = parse_run_id(run_id)
+    with runtime(ctx) as rt:
+        row = rt.get(rid)
+        events = rt.history(rid)
+        if as_json:
+            emit_json({"run": row_dict(row), "events": [event_dict(e) for e in events]})
+        else:
+            print_run(out, row, events)
+
+
+@cli.command()
+def cancel(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    by: Annotated[str, typer.Option("--by", help="Who cancels (recorded).")] = "operator",
+) -> None:
+    """Cancel a queued, running or waiting run (a worker running it stops at its next step)."""
+    rid = parse_run_id(run_id)
+    with runtime(ctx) as rt:
+        row = rt.cancel(rid, by=by)
+        out.print(f"{rid} {row.status.value}")
+
+
+@cli.command()
+def reap(
+    ctx: typer.Context,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, help="Stale runs handled per pass (N >= 1).")
+    ] = 50,
+    every: Annotated[
+        float | None,
+        typer.Option(
+            "--every",
+            min=0.1,
+            metavar="SECONDS",
+            help="Keep reaping every SECONDS (safe on several machines at once).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Reclaim or dead-letter running runs whose lease expired (by the database's clock)."""
+    with runtime(ctx) as rt:
+        reaper = rt.reaper()
+
+        def report(result: Any) -> None:
+            if as_json:
+                emit_json(result.as_dict())
+            else:
+                out.print(result.summary())
+
+        if every is None:
+            report(reaper.reap_once(limit))
+            return
+        stop = threading.Event()
+        _stop_on_signals(stop.set)
+        reaper.reap_every(every, limit=limit, stop=stop, on_report=report)
+
+
+@cli.command("verify-index")
+def verify_index(ctx: typer.Context) -> None:
+    """Rebuild the run index from the log in memory and report any difference (exit 1)."""
+    with runtime(ctx) as rt:
+        problems = rt.verify_index()
+        for problem in problems:
+            out.print(problem)
+        out.print(f"{len(problems)} difference(s)")
+        if problems:
+            raise typer.Exit(1)
+
+
+@cli.command("rebuild-index")
+def rebuild_index(ctx: typer.Context) -> None:
+    """Drop the run index and rebuild it from the event log."""
+    with runtime(ctx) as rt:
+        count = rt.rebuild_index()
+        out.print(f"rebuilt {count} run(s)")
+
+
+@cli.command()
+def demo(
+    ctx: typer.Context,
+    runs: Annotated[int, typer.Option("--runs", min=1, max=200, help="Plain runs to add.")] = 6,
+) -> None:
+    """Try steptrail: queue scripted runs (retries, a dead-letter, a cancel, a worker that
+    dies holding a run), work them with two workers and the reaper, and print the result."""
+    from steptrail.demo import run_demo
+
+    with runtime(
+        ctx, lease_seconds=1.0, retry_base_seconds=0.2, poll_interval=0.05, log_level="warning"
+    ) as rt:
+        run_demo(rt, out, plain_runs=runs)
+
+
+def main() -> None:
+    cli()

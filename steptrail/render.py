@@ -1,0 +1,131 @@
+"""How runs and trails look on a terminal and in `--json` output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from steptrail.domain.ports import RecordedEvent
+from steptrail.domain.run import Run
+from steptrail.projections.run_index import RunRow
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def row_dict(row: RunRow) -> dict[str, Any]:
+    """A run's state and instants as JSON-compatible data."""
+    state = row.state.model_dump(mode="json")
+    return {
+        **state,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+        "lease_expires_at": _iso(row.lease_expires_at),
+        "available_at": _iso(row.available_at),
+    }
+
+
+def event_dict(recorded: RecordedEvent) -> dict[str, Any]:
+    """One trail entry: version, time, event name, actor, and the event's own fields."""
+    event = recorded.event
+    fields = event.model_dump(mode="json", exclude={"actor"})
+    return {
+        "version": recorded.version,
+        "recorded_at": _iso(recorded.recorded_at),
+        "event": type(event).__name__,
+        "actor": event.actor,
+        **fields,
+    }
+
+
+def _details(entry: dict[str, Any]) -> str:
+    skip = {
+        "version",
+        "recorded_at",
+        "event",
+        "actor",
+        "run_id",
+        "payload",
+        "result",
+        "privacy",
+        "request_digest",
+    }
+    parts = []
+    for key, value in entry.items():
+        if key in skip or value in (None, (), [], {}, 0, 0.0):
+            continue
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def trail_table(events: Sequence[RecordedEvent]) -> Table:
+    table = Table(title="Event trail", show_lines=False)
+    for column in ("v", "recorded at (store clock)", "event", "actor", "details"):
+        table.add_column(column, overflow="fold")
+    for recorded in events:
+        entry = event_dict(recorded)
+        table.add_row(
+            str(recorded.version),
+            recorded.recorded_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            entry["event"],
+            entry["actor"],
+            _details(entry),
+        )
+    return table
+
+
+def run_table(row: RunRow) -> Table:
+    s = row.state
+    table = Table(title=f"Run {s.run_id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    pairs: list[tuple[str, Any]] = [
+        ("agent", s.agent),
+        ("status", s.status.value),
+        ("reason", s.reason.value if s.reason else "-"),
+        ("version", s.version),
+        ("steps", s.steps),
+        ("requeues", s.requeue_count),
+        ("lease holder", s.holder or "-"),
+        ("lease expires", _iso(row.lease_expires_at) or "-"),
+        ("available at", _iso(row.available_at) or "-"),
+        ("failure", f"{s.failure_class.value} ({s.error_type})" if s.failure_class else "-"),
+        ("pending effects", ", ".join(f"{p.tool}@{p.seq}" for p in s.pending_effects) or "-"),
+        ("created", _iso(row.created_at)),
+        ("updated", _iso(row.updated_at)),
+    ]
+    for key, value in pairs:
+        table.add_row(key, str(value))
+    return table
+
+
+def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
+    table = Table(title=title)
+    for column in ("run", "agent", "status", "reason", "steps", "requeues", "version"):
+        table.add_column(column)
+    for row in rows:
+        s = row.state
+        table.add_row(
+            str(s.run_id),
+            s.agent,
+            s.status.value,
+            s.reason.value if s.reason else "-",
+            str(s.steps),
+            str(s.requeue_count),
+            str(s.version),
+        )
+    return table
+
+
+def print_run(console: Console, row: RunRow, events: Sequence[RecordedEvent]) -> None:
+    console.print(run_table(row))
+    console.print(trail_table(events))
+
+
+def run_summary(run: Run) -> str:
+    return f"{run.id} {run.status.value} v{run.version}"

@@ -1,0 +1,302 @@
+"""The runtime: the one bootstrap that wires settings, store, agents and workers together.
+
+Nothing connects at import time; `open()` does, and `Runtime.close()` (or a `with` block)
+lets go. Use cases are named the way an operator asks for them: enqueue, start, work, reap,
+cancel, get, history.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+from uuid import UUID, uuid4
+
+import structlog
+from pydantic import ValidationError
+
+from steptrail.domain.digest import canonical_json, digest
+from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
+from steptrail.domain.ports import RecordedEvent
+from steptrail.domain.run import Run
+from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.postgres import PostgresRunStore
+from steptrail.infrastructure.settings import Settings
+from steptrail.infrastructure.sqlite import SQLiteRunStore
+from steptrail.projections.run_index import RunRow, normalise, rebuild_row
+from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
+from steptrail.workers.lease import LeaseKeeper
+from steptrail.workers.reaper import Reaper, ReapReport
+from steptrail.workers.registry import App
+from steptrail.workers.worker import Worker, WorkerReport, holder_name
+
+CANCEL_ATTEMPTS = 20
+
+
+class InvalidRequest(ValueError):
+    """A request cannot be enqueued as given (not JSON, or not what the agent accepts)."""
+
+
+class Runtime:
+    """A steptrail runtime bound to one database and one set of agents."""
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        store: PostgresRunStore | SQLiteRunStore,
+        *,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.store = store
+        self.log = log or structlog.get_logger("steptrail")
+        self._keeper: LeaseKeeper | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
+        self.store.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def backend(self) -> str:
+        return self.store.backend
+
+    def execution_config(self) -> ExecutionConfig:
+        return ExecutionConfig(
+            lease_s=self.settings.lease_seconds,
+            policy=self.settings.retry_policy(),
+            privacy=self.settings.privacy_level,
+        )
+
+    # -- use cases -----------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        agent: str,
+        request: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        actor: str = "enqueue",
+    ) -> UUID:
+        """Queue a run of `agent`; returns its id (the existing run's, for a taken key).
+
+        Fail-closed: an unknown agent or a request that cannot be serialised (or does not
+        validate against the agent's request model) raises before anything is written, and
+        a failed write raises too.
+
+        Raises:
+            UnknownAgent, InvalidRequest, StoreUnavailable.
+        """
+        body = self._request_body(agent, request)
+        if idempotency_key is not None and not idempotency_key.strip():
+            raise InvalidRequest("an idempotency key cannot be blank")
+        run = Run.enqueue(
+            run_id=uuid4(),
+            agent=agent,
+            request_digest=digest(json.loads(body)),
+            actor=actor,
+            idempotency_key=idempotency_key,
+        )
+        stored = self.store.create(run, request=body)
+        self.log.info(
+            "run_enqueued", run_id=str(stored.id), agent=agent, duplicate=stored is not run
+        )
+        return stored.id
+
+    def start(self, agent: str, request: Mapping[str, Any] | None = None) -> SegmentResult:
+        """Run `agent` now, in this process, as an interactive run under an
+        `interactive:` lease. It heartbeats like a worker; it is never retried, and if this
+        process dies the reaper dead-letters it (it has no saved request to run again)."""
+        body = self._request_body(agent, request)
+        run = Run.start(
+            run_id=uuid4(),
+            agent=agent,
+            request_digest=digest(json.loads(body)),
+            holder=holder_name("interactive"),
+            lease_ms=self.settings.lease_ms,
+        )
+        self.store.create(run, request=None)
+        return self._executor().execute(run, json.loads(body))
+
+    def worker(
+        self,
+        *,
+        concurrency: int = 1,
+        burst: bool = False,
+        on_result: Callable[[SegmentResult], None] | None = None,
+    ) -> Worker:
+        """A worker over this runtime's store and agents (call `.run()`, `.stop()`)."""
+        return Worker(
+            self.store,
+            self.app,
+            self.execution_config(),
+            concurrency=concurrency,
+            burst=burst,
+            poll_interval=self.settings.poll_interval,
+            log=self.log,
+            on_result=on_result,
+        )
+
+    def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
+        """Claim and execute runs until stopped (burst: until no run is ready)."""
+        return self.worker(concurrency=concurrency, burst=burst).run()
+
+    def reaper(self) -> Reaper:
+        return Reaper(
+            self.store, self.settings.retry_policy(), actor=holder_name("reaper"), log=self.log
+        )
+
+    def reap(self, limit: int = 50) -> ReapReport:
+        """One reaper pass over at most `limit` stale runs."""
+        return self.reaper().reap_once(limit)
+
+    def cancel(self, run_id: UUID, *, by: str = "operator", note: str | None = None) -> RunRow:
+        """Cancel a queued, running or waiting run. A worker running it stops at its next
+        step boundary with outcome `cancelled`.
+
+        Raises:
+            UnknownRun: no such run.
+            IllegalTransition: the run already ended.
+        """
+        for _ in range(CANCEL_ATTEMPTS):
+            run = self.store.load(run_id)
+            if run is None:
+                raise UnknownRun(f"no run {run_id}")
+            run.cancel(actor=by, note=note)
+            try:
+                self.store.append(run)
+            except VersionConflict:
+                continue  # the holder appended a step meanwhile; cancel the newer state
+            self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
+            return self.get(run_id)
+        raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def get(self, run_id: UUID) -> RunRow:
+        """The run as the index holds it.
+
+        Raises:
+            UnknownRun: no such run.
+        """
+        row = self.store.row(run_id)
+        if row is None:
+            raise UnknownRun(f"no run {run_id}")
+        return row
+
+    def history(self, run_id: UUID) -> list[RecordedEvent]:
+        """Every event of the run, in order, with the store's time of recording."""
+        events = self.store.history(run_id)
+        if not events:
+            raise UnknownRun(f"no run {run_id}")
+        return events
+
+    def rebuild_index(self) -> int:
+        """Drop the run index and rebuild it from the log; returns the number of runs."""
+        rows = list(self._rebuilt_rows())
+        self.store.replace_index(rows)
+        return len(rows)
+
+    def verify_index(self) -> list[str]:
+        """Differences between the live run index and one rebuilt from the log (empty: none)."""
+        live = {r.run_id: normalise(r) for r in self.store.all_rows()}
+        rebuilt = {r.run_id: normalise(r) for r in self._rebuilt_rows()}
+        problems = [f"{i}: in the index but not in the log" for i in live.keys() - rebuilt]
+        problems += [f"{i}: in the log but not in the index" for i in rebuilt.keys() - live]
+        for run_id in live.keys() & rebuilt.keys():
+            if live[run_id] != rebuilt[run_id]:
+                problems.append(f"{run_id}: live {live[run_id]} != rebuilt {rebuilt[run_id]}")
+        return sorted(problems)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _rebuilt_rows(self) -> list[RunRow]:
+        rows: list[RunRow] = []
+        current: UUID | None = None
+        batch: list[tuple[Any, Any]] = []
+        for run_id, recorded in self.store.iter_log():
+            if run_id != current and batch:
+                row = rebuild_row(batch)
+                if row is not None:
+                    rows.append(row)
+                batch = []
+            current = run_id
+            batch.append((recorded.event, recorded.recorded_at))
+        if batch and (row := rebuild_row(batch)) is not None:
+            rows.append(row)
+        return rows
+
+    def _request_body(self, agent: str, request: Mapping[str, Any] | None) -> bytes:
+        spec = self.app.get(agent)
+        value: Any = {} if request is None else request
+        if not isinstance(value, Mapping):
+            raise InvalidRequest("a request must be a JSON object")
+        if spec.request_model is not None:
+            try:
+                value = spec.request_model.model_validate(value).model_dump(
+                    mode="json", by_alias=True, exclude_unset=True
+                )
+            except ValidationError as error:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
+                    for e in error.errors()
+                )
+                raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
+        try:
+            return canonical_json(dict(value))
+        except (TypeError, ValueError) as error:
+            raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
+
+    def _executor(self) -> Executor:
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(self.settings.lease_seconds)
+        return Executor(
+            self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
+        )
+
+
+def open_runtime(
+    app: App | None = None,
+    *,
+    url: str | None = None,
+    settings: Settings | None = None,
+    **overrides: Any,
+) -> Runtime:
+    """Open a runtime: read settings, connect, migrate the schema if needed.
+
+    Args:
+        app: your agents; the built-in scripted agent is always included.
+        url: the database URL (else `settings.database_url`, i.e. `STEPTRAIL_DATABASE_URL`,
+            default `sqlite:///steptrail.db`).
+        settings: explicit settings (else read from the environment).
+        overrides: individual settings, e.g. `lease_seconds=5`.
+
+    Raises:
+        ValueError: a bad database URL. StoreUnavailable: the database cannot be reached.
+    """
+    from steptrail.examples import app as examples
+
+    if settings is None:
+        settings = Settings(**overrides)
+    elif overrides:
+        settings = Settings.model_validate({**settings.model_dump(), **overrides})
+    combined = App()
+    combined.include(examples)
+    if app is not None:
+        combined.include(app)
+    store = open_store(url or settings.database_url, migrate=settings.auto_migrate)
+    return Runtime(combined, settings, store)

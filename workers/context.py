@@ -1,0 +1,248 @@
+"""What an agent sees of its run: `RunContext`, the handle for recording steps and tools.
+
+Every recorded step is an append fenced on the run's version, and so also the heartbeat. A
+step's callable runs first and is recorded after it returns (or raises); if the record
+cannot be appended because the run was lost or cancelled, `LeaseLost` propagates and the
+agent stops with nothing more recorded. Before a write tool runs, a pending-effect marker is
+appended under the same fence; a write tool never runs without it.
+
+Steps carry their sequence number, and their records are shaped so that a later version can
+hand a completed step's recorded result back instead of running it again (durable replay).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from pydantic_core import to_jsonable_python
+
+from steptrail.domain.enums import Effect, PrivacyLevel, TerminationReason
+from steptrail.domain.privacy import filter_payload
+from steptrail.domain.run import Decision, Run
+from steptrail.workers.segment import Segment
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Recorded(Generic[T]):
+    """Return this from a step's callable to record metadata beside its value.
+
+    Args:
+        value: what `ctx.step(...)` returns to the agent.
+        payload: more of the step to record (filtered by the privacy level).
+        tokens / cost: counted into the run's totals.
+    """
+
+    value: T
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    tokens: int = 0
+    cost: float = 0.0
+
+
+class RunFailed(Exception):
+    """Raise from an agent to end its run `failed` with `reason`, without any retry."""
+
+    def __init__(self, reason: TerminationReason | str, message: str = "") -> None:
+        super().__init__(message or str(reason))
+        self.reason = TerminationReason(reason)
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-compatible form of `value` (unknown objects become their `str`)."""
+    return to_jsonable_python(value, fallback=str)
+
+
+class RunContext:
+    """The agent's handle on its run. Not thread-safe: use it from the agent's thread."""
+
+    def __init__(
+        self,
+        segment: Segment,
+        *,
+        request: dict[str, Any],
+        privacy: PrivacyLevel,
+        effect_of: Callable[[str], Effect],
+        resumable: dict[str, Any] | None = None,
+    ) -> None:
+        self._segment = segment
+        self._privacy = privacy
+        self._effect_of = effect_of
+        self.request = request
+        self.resumable = resumable
+        self.log = segment.log
+
+    # -- what the agent can read ---------------------------------------------------------------
+
+    @property
+    def run_id(self) -> UUID:
+        return self._segment.run.id
+
+    @property
+    def agent(self) -> str:
+        return self._segment.run.state.agent
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first execution; each requeue or reclaim adds one."""
+        return self._segment.run.state.requeue_count + 1
+
+    @property
+    def fencing_token(self) -> str:
+        """`<run id>:<claim version>`, unique to this segment: use it (with the step number)
+        as the idempotency key of calls to the outside world."""
+        return self._segment.fencing_token
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next step will be recorded under."""
+        return self._segment.run.state.steps + 1
+
+    @property
+    def decision(self) -> Decision | None:
+        """The human decision this segment resumed with, if it is a resumed segment."""
+        return self._segment.run.state.decision
+
+    @property
+    def privacy(self) -> PrivacyLevel:
+        return self._privacy
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def step(
+        self,
+        kind: str,
+        name: str,
+        fn: Callable[[], T | Recorded[T]],
+        *,
+        payload: Mapping[str, Any] | None = None,
+    ) -> T:
+        """Run `fn` as the next step and record it (kind, name, duration, payload, result).
+
+        The record is appended after `fn` returns or raises; if `fn` raises, the step is
+        recorded with the exception's class (never its message) and the exception goes on.
+
+        Raises:
+            LeaseLost: the run was lost or cancelled; nothing more may be recorded.
+        """
+        segment = self._segment
+        segment.ensure_owned()
+        started = time.perf_counter()
+        segment.step_started = segment.clock()
+        try:
+            outcome = fn()
+        except Exception as error:
+            segment.step_started = None
+            self._record(
+                kind=kind, name=name, started=started, payload=payload, extra=None, error=error
+            )
+            raise
+        segment.step_started = None
+        value: T
+        value, extra = _unwrap(outcome)
+        self._record(
+            kind=kind,
+            name=name,
+            started=started,
+            payload=payload,
+            extra=extra,
+            error=None,
+            result=value,
+        )
+        return value
+
+    def llm(
+        self,
+        name: str,
+        fn: Callable[[], T | Recorded[T]],
+        *,
+        payload: Mapping[str, Any] | None = None,
+    ) -> T:
+        """`step("llm", …)`: a model call; its return value is recorded as `content`."""
+        return self.step("llm", name, fn, payload=payload)
+
+    def tool(
+        self,
+        name: str,
+        fn: Callable[[], T | Recorded[T]],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> T:
+        """Run tool `name` as the next step, honouring its declared effect.
+
+        A write tool (idempotent or not, or any tool nobody declared) first appends a
+        pending-effect marker under the lease; only once that is confirmed does `fn` run.
+        The marker is cleared by the step that records the tool's result; if the tool raises,
+        the marker stays, because the write may have happened.
+        """
+        effect = self._effect_of(name)
+        payload: dict[str, Any] = {"tool": name, "effect": effect.value}
+        if arguments is not None:
+            payload["arguments"] = dict(arguments)
+        if effect.is_write:
+            seq = self._segment.commit(
+                lambda run: run.mark_effect_pending(tool=name, effect=effect)
+            )
+            self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
+        return self.step("tool", name, fn, payload=payload)
+
+    def heartbeat(self) -> None:
+        """Renew the lease now (long work outside steps should call this now and then)."""
+        self._segment.commit(lambda run: run.renew_lease())
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _record(
+        self,
+        *,
+        kind: str,
+        name: str,
+        started: float,
+        payload: Mapping[str, Any] | None,
+        extra: Recorded[Any] | None,
+        error: BaseException | None,
+        result: Any = None,
+    ) -> None:
+        duration_ms = int((time.perf_counter() - started) * 1000)
+        body: dict[str, Any] = dict(payload or {})
+        tokens, cost = 0, 0.0
+        if extra is not None:
+            body.update(extra.payload)
+            tokens, cost = extra.tokens, extra.cost
+        if error is None:
+            body["content" if kind == "llm" else "result"] = result
+        filtered = filter_payload(jsonable(body), self._privacy)
+        error_type = type(error).__name__ if error is not None else None
+
+        def record(run: Run) -> int:
+            return run.record_step(
+                kind=kind,
+                name=name,
+                duration_ms=duration_ms,
+                payload=filtered,
+                privacy=self._privacy,
+                error_type=error_type,
+                tokens=tokens,
+                cost=cost,
+            )
+
+        seq = self._segment.commit(record)
+        self.log.info(
+            "step_recorded",
+            seq=seq,
+            kind=kind,
+            step=name,
+            duration_ms=duration_ms,
+            version=self._segment.run.version,
+            error_type=error_type,
+        )
+
+
+def _unwrap(outcome: Any) -> tuple[Any, Recorded[Any] | None]:
+    if isinstance(outcome, Recorded):
+        return outcome.value, outcome
+    return outcome, None

@@ -1,0 +1,189 @@
+"""Executing one segment of a run: call the agent, then settle by the rules of the brief.
+
+Settling is an append like any other, fenced on the segment's version, so the first outcome
+wins: a settle that conflicts changes nothing and reports how the run was lost instead.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import structlog
+
+from steptrail.domain.classifier import Classifier
+from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.ports import RunStore
+from steptrail.domain.privacy import filter_payload
+from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
+from steptrail.domain.run import Run
+from steptrail.workers.context import RunContext, RunFailed, jsonable
+from steptrail.workers.lease import LeaseKeeper
+from steptrail.workers.registry import App
+from steptrail.workers.segment import LeaseLost, Segment
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    """How a segment ended, for its caller. `status` is the run's as this segment left it
+    (or, when the run was lost, as far as the segment knows)."""
+
+    run_id: UUID
+    outcome: Outcome
+    status: RunStatus
+    version: int
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    lease_s: float
+    policy: RetryPolicy
+    privacy: PrivacyLevel
+
+
+class Executor:
+    """Runs claimed (or started, or resumed) segments to their outcome."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        app: App,
+        config: ExecutionConfig,
+        *,
+        keeper: LeaseKeeper,
+        log: structlog.typing.FilteringBoundLogger,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.app = app
+        self.config = config
+        self.keeper = keeper
+        self.log = log
+        self.rng = rng or random.Random()
+        self.classifier: Classifier = app.classifier
+
+    def execute(
+        self,
+        run: Run,
+        request: dict[str, Any],
+        *,
+        resumable: dict[str, Any] | None = None,
+    ) -> SegmentResult:
+        """Run the agent of `run` (held by this process) and settle it."""
+        spec = self.app.get(run.state.agent)
+        privacy = spec.privacy or self.config.privacy
+        segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
+        ctx = RunContext(
+            segment,
+            request=request,
+            privacy=privacy,
+            effect_of=self.app.effect_of,
+            resumable=resumable,
+        )
+        self.keeper.track(segment)
+        try:
+            return self._run(segment, ctx, spec.fn, privacy)
+        finally:
+            self.keeper.untrack(segment)
+
+    def _run(
+        self, segment: Segment, ctx: RunContext, fn: Any, privacy: PrivacyLevel
+    ) -> SegmentResult:
+        run = segment.run
+        try:
+            result = fn(ctx, ctx.request)
+        except LeaseLost as lost:
+            return self._result(segment, lost.outcome)
+        except RunFailed as failed:
+            reason, error_type = failed.reason, type(failed).__name__
+            return self._settle(
+                segment, lambda r: r.fail(reason=reason, error_type=error_type), Outcome.FAILED
+            )
+        except Exception as error:  # noqa: BLE001 - any agent error goes to the retry ladder
+            return self._on_failure(segment, error)
+        if segment.lost is not None:
+            return self._result(segment, segment.lost.outcome)
+        body = filter_payload(jsonable({"result": result}), privacy)
+        settled = self._settle(
+            segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
+        )
+        if settled.outcome is Outcome.COMPLETED:
+            segment.log.info("run_completed", version=run.version)
+            return SegmentResult(run.id, Outcome.COMPLETED, run.status, run.version, result)
+        return settled
+
+    def _on_failure(self, segment: Segment, error: Exception) -> SegmentResult:
+        """The retry ladder: dead-letter, requeue with backoff, or fail (ADR 0006)."""
+        run = segment.run
+        failure_class: FailureClass = self.classifier(error)
+        error_type = type(error).__name__
+        decision = self.config.policy.on_failure(run.state, failure_class, self.rng.random())
+        log = segment.log.bind(failure_class=failure_class.value, error_type=error_type)
+        if isinstance(decision, Requeue):
+            result = self._settle(
+                segment,
+                lambda r: r.requeue(
+                    delay_ms=decision.delay_ms,
+                    failure_class=failure_class,
+                    error_type=error_type,
+                ),
+                Outcome.REQUEUED,
+            )
+            if result.outcome is Outcome.REQUEUED:
+                log.info(
+                    "run_requeued",
+                    delay_ms=decision.delay_ms,
+                    requeue_count=run.state.requeue_count,
+                )
+            return result
+        if isinstance(decision, DeadLetter):
+            result = self._settle(
+                segment,
+                lambda r: r.dead_letter(
+                    actor=segment.holder,
+                    reason=decision.reason,
+                    cause=decision.cause,
+                    failure_class=failure_class,
+                    error_type=error_type,
+                ),
+                Outcome.FAILED,
+            )
+            if result.outcome is Outcome.FAILED:
+                log.warning("run_dead_lettered", reason=decision.reason.value, cause=decision.cause)
+            return result
+        assert isinstance(decision, Fail)
+        result = self._settle(
+            segment,
+            lambda r: r.fail(
+                reason=decision.reason, failure_class=failure_class, error_type=error_type
+            ),
+            Outcome.FAILED,
+        )
+        if result.outcome is Outcome.FAILED:
+            log.warning("run_failed", reason=decision.reason.value)
+        return result
+
+    def _settle(self, segment: Segment, command: Any, outcome: Outcome) -> SegmentResult:
+        try:
+            segment.commit(command)
+        except LeaseLost as lost:
+            return self._result(segment, lost.outcome)
+        return self._result(segment, outcome)
+
+    @staticmethod
+    def _result(segment: Segment, outcome: Outcome) -> SegmentResult:
+        run = segment.run
+        status = RunStatus.CANCELLED if outcome is Outcome.CANCELLED else run.status
+        return SegmentResult(run.id, outcome, status, run.committed_version)
+
+
+def decode_request(body: bytes) -> dict[str, Any]:
+    """The request a run was queued with (an empty one if none was saved)."""
+    if not body:
+        return {}
+    value = json.loads(body)
+    return value if isinstance(value, dict) else {"input": value}

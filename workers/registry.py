@@ -1,0 +1,125 @@
+"""What a deployment can run: its agents, its tools' declared effects, its error mappings.
+
+An `App` is plain data, built at import time of the user's module without touching a
+database; `steptrail --app module:attr` loads it and the runtime wires it to a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from steptrail.domain.classifier import Classifier
+from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
+
+if TYPE_CHECKING:
+    from steptrail.workers.context import RunContext
+
+AgentResult = Mapping[str, Any] | None
+AgentFn = Callable[["RunContext", dict[str, Any]], AgentResult]
+F = TypeVar("F", bound=AgentFn)
+
+
+class UnknownAgent(LookupError):
+    """No agent is registered under that name."""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """A registered agent: its function and, optionally, its own privacy level and the
+    pydantic model its requests must validate against before anything is written."""
+
+    name: str
+    fn: AgentFn
+    privacy: PrivacyLevel | None = None
+    request_model: type[BaseModel] | None = None
+
+
+class App:
+    """A registry of agents, tools and failure mappings.
+
+    Example:
+        app = steptrail.App()
+
+        @app.agent("summarise")
+        def summarise(ctx, request): ...
+
+        app.tool("send_email", effect="non_idempotent_write")
+        app.classify(MyProviderTimeout, "connection")
+    """
+
+    def __init__(self) -> None:
+        self._agents: dict[str, AgentSpec] = {}
+        self._tools: dict[str, Effect] = {}
+        self.classifier = Classifier()
+
+    def agent(
+        self,
+        name: str | None = None,
+        *,
+        privacy: PrivacyLevel | str | None = None,
+        request_model: type[BaseModel] | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the agent `name` (default: its own name)."""
+
+        def register(fn: F) -> F:
+            self.add_agent(
+                name or str(getattr(fn, "__name__", "")),
+                fn,
+                privacy=privacy,
+                request_model=request_model,
+            )
+            return fn
+
+        return register
+
+    def add_agent(
+        self,
+        name: str,
+        fn: AgentFn,
+        *,
+        privacy: PrivacyLevel | str | None = None,
+        request_model: type[BaseModel] | None = None,
+    ) -> None:
+        if not name or not name.strip():
+            raise ValueError("an agent needs a name")
+        if name in self._agents and self._agents[name].fn is not fn:
+            raise ValueError(f"agent {name!r} is registered twice")
+        level = PrivacyLevel.parse(privacy) if privacy is not None else None
+        self._agents[name] = AgentSpec(name=name, fn=fn, privacy=level, request_model=request_model)
+
+    def tool(self, name: str, *, effect: Effect | str = Effect.READ_ONLY) -> None:
+        """Declare a tool's effect. Declared without an effect it is read-only; a tool
+        nobody declared is treated as a non-idempotent write (the safe assumption)."""
+        self._tools[name] = Effect(effect)
+
+    def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
+        """Map one of your exception types (and its subclasses) to a failure class."""
+        self.classifier.register(exc_type, failure_class)
+
+    def include(self, other: App) -> None:
+        """Add every agent, tool and mapping of `other` (for reusable agent packs)."""
+        for spec in other._agents.values():
+            self.add_agent(
+                spec.name, spec.fn, privacy=spec.privacy, request_model=spec.request_model
+            )
+        self._tools.update(other._tools)
+        for exc_type, failure_class in other.classifier._mappings.items():
+            self.classifier.register(exc_type, failure_class)
+
+    def effect_of(self, tool: str) -> Effect:
+        return self._tools.get(tool, Effect.NON_IDEMPOTENT_WRITE)
+
+    def get(self, name: str) -> AgentSpec:
+        try:
+            return self._agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self._agents)) or "none"
+            raise UnknownAgent(f"unknown agent {name!r} (registered: {known})") from None
+
+    @property
+    def agent_names(self) -> list[str]:
+        return sorted(self._agents)

@@ -1,0 +1,156 @@
+"""The worker loop: claim a run, execute it under its lease, settle it; N at a time.
+
+One dispatcher thread claims while a slot is free and hands each claimed run to a pool of N
+threads (agent steps wait on the network, so threads are the right unit: 100 sleeping runs
+fit in one process). An idle dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on
+PostgreSQL, in-process on SQLite) or `poll_interval` passes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from uuid import uuid4
+
+import structlog
+
+from steptrail.domain.enums import Outcome
+from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.ports import ClaimedRun, RunStore
+from steptrail.workers.execute import (
+    ExecutionConfig,
+    Executor,
+    SegmentResult,
+    decode_request,
+)
+from steptrail.workers.lease import LeaseKeeper
+from steptrail.workers.registry import App
+
+
+def holder_name(kind: str) -> str:
+    """`<kind>:<host>:<pid>:<uuid>`: unique per process and per use, never just a host."""
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:12]}"
+
+
+@dataclass
+class WorkerReport:
+    """What a worker did before it stopped."""
+
+    holder: str
+    claimed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"holder": self.holder, "claimed": self.claimed, "outcomes": dict(self.outcomes)}
+
+
+class Worker:
+    """Claims and executes runs until stopped (or, in burst mode, until nothing is left)."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        app: App,
+        config: ExecutionConfig,
+        *,
+        concurrency: int = 1,
+        burst: bool = False,
+        poll_interval: float = 1.0,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        on_result: Callable[[SegmentResult], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.store = store
+        self.app = app
+        self.config = config
+        self.concurrency = concurrency
+        self.burst = burst
+        self.poll_interval = poll_interval
+        self.holder = holder_name("worker")
+        self.log = (log or structlog.get_logger()).bind(worker_id=self.holder)
+        self.on_result = on_result
+        self.stopping = threading.Event()
+        self.report = WorkerReport(holder=self.holder)
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Stop claiming; runs in flight finish (a second signal may kill the process, and
+        the reaper then reclaims what it held once the leases expire)."""
+        self.stopping.set()
+        wake = getattr(self.store, "wake", None)
+        if wake is not None:
+            wake()
+
+    def run(self) -> WorkerReport:
+        keeper = LeaseKeeper(self.config.lease_s)
+        executor = Executor(self.store, self.app, self.config, keeper=keeper, log=self.log)
+        slots = threading.Semaphore(self.concurrency)
+        agents = self.app.agent_names
+        self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
+        backoff = 0.1
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="steptrail-run") as pool:
+            while not self.stopping.is_set():
+                if not slots.acquire(timeout=0.5):
+                    continue
+                try:
+                    claimed = self.store.claim(
+                        holder=self.holder,
+                        lease_ms=round(self.config.lease_s * 1000),
+                        agents=agents,
+                    )
+                except StoreUnavailable as error:
+                    slots.release()
+                    self.log.warning("claim_failed", error=str(error)[:200])
+                    self.stopping.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.1
+                if claimed is None:
+                    slots.release()
+                    with self._lock:
+                        idle = self._in_flight == 0
+                    if self.burst and idle:
+                        break
+                    self.store.wait_for_work(self.poll_interval)
+                    continue
+                with self._lock:
+                    self._in_flight += 1
+                    self.report.claimed += 1
+                pool.submit(self._execute, executor, claimed, slots)
+        keeper.close()
+        self.log.info("worker_stopped", **self.report.as_dict())
+        return self.report
+
+    def _execute(self, executor: Executor, claimed: ClaimedRun, slots: threading.Semaphore) -> None:
+        run = claimed.run
+        log = self.log.bind(run_id=str(run.id), version=run.version)
+        try:
+            log.info("run_claimed", agent=run.state.agent, attempt=run.state.requeue_count + 1)
+            try:
+                request = decode_request(claimed.request)
+            except ValueError:
+                request = {}
+            result = executor.execute(run, request)
+            log.info("segment_finished", outcome=result.outcome.value, version=result.version)
+            with self._lock:
+                self.report.outcomes[result.outcome.value] += 1
+            if self.on_result is not None:
+                self.on_result(result)
+        except Exception:  # a bug in steptrail or a callback; the run's lease will expire
+            log.exception("segment_crashed")
+            with self._lock:
+                self.report.outcomes[Outcome.LEASE_LOST.value] += 1
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            slots.release()
+            wake = getattr(self.store, "wake", None)
+            if wake is not None:
+                wake()
