@@ -1,0 +1,140 @@
+"""The CLI as a newcomer and an operator use it: clear errors, nothing written on bad input."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from steptrail.infrastructure.factory import open_store
+from tests.acceptance.helpers import steptrail
+
+
+def rows(url: str) -> int:
+    store = open_store(url)
+    try:
+        return len(store.all_rows())
+    finally:
+        store.close()
+
+
+def test_help__every_command_explains_itself(sqlite_url: str) -> None:
+    """`--help` works for the tool and for each command."""
+    top = steptrail("--help", url=sqlite_url)
+    assert top.returncode == 0
+    for command in ("work", "enqueue", "show", "cancel", "reap", "demo", "migrate"):
+        assert command in top.stdout
+        sub = steptrail(command, "--help", url=sqlite_url)
+        assert sub.returncode == 0, sub.stderr
+        assert "Usage" in sub.stdout
+
+
+def test_enqueue_work_show__round_trip(db_url: str) -> None:
+    """Enqueue prints an id, a burst worker completes it, show prints state and trail."""
+    made = steptrail("enqueue", "scripted", "--request", '{"steps": 2}', "--json", url=db_url)
+    assert made.returncode == 0, made.stderr
+    run_id = json.loads(made.stdout)["run_id"]
+    worked = steptrail("work", "--burst", url=db_url)
+    assert worked.returncode == 0, worked.stderr
+    shown = steptrail("show", run_id, "--json", url=db_url)
+    data = json.loads(shown.stdout)
+    assert data["run"]["status"] == "completed"
+    assert [e["event"] for e in data["events"]] == [
+        "Queued",
+        "Claimed",
+        "StepRecorded",
+        "StepRecorded",
+        "Completed",
+    ]
+    text = steptrail("show", run_id, url=db_url).stdout
+    assert "Event trail" in text
+    assert "Completed" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enqueue", "nope"], "unknown agent"),
+        (["enqueue", "scripted", "--request", "{bad"], "not valid JSON"),
+        (["enqueue", "scripted", "--request", "[1]"], "JSON object"),
+        (["enqueue", "scripted", "--request", '{"steps": "many"}'], "invalid request"),
+        (["--app", "no.such:app", "enqueue", "scripted"], "cannot import"),
+    ],
+)
+def test_bad_input__one_line_error_exit_2_nothing_written(
+    sqlite_url: str, args: list[str], message: str
+) -> None:
+    """Bad input gets a clear one-line error, exit code 2, and writes no run."""
+    result = steptrail(*args, url=sqlite_url)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert rows(sqlite_url) == 0
+
+
+def test_bad_database_url__exit_2(tmp_path: Path) -> None:
+    """An unsupported or malformed URL is refused before anything is touched."""
+    for url in ("mysql://x/y", f"sqlite:///{tmp_path}/missing/dir/x.db"):
+        result = steptrail("enqueue", "scripted", url=url)
+        assert result.returncode == 2, result.stderr
+        assert "error:" in result.stderr
+
+
+def test_unreachable_database__exit_3() -> None:
+    """A database that cannot be reached is exit code 3 with the server's reason."""
+    result = steptrail("migrate", url="postgresql://postgres@127.0.0.1:1/none")
+    assert result.returncode == 3
+    assert "not available" in result.stderr
+
+
+def test_unknown_run__exit_1(db_url: str) -> None:
+    """show and cancel of a run that does not exist fail with exit code 1."""
+    missing = str(uuid.uuid4())
+    for command in ("show", "cancel"):
+        result = steptrail(command, missing, url=db_url)
+        assert result.returncode == 1
+        assert "no run" in result.stderr
+    assert steptrail("show", "not-a-uuid", url=db_url).returncode == 2
+
+
+def test_cancel__queued_then_terminal_refused(db_url: str) -> None:
+    """A queued run can be cancelled once; cancelling it again is an error."""
+    run_id = steptrail("enqueue", "scripted", url=db_url).stdout.strip()
+    first = steptrail("cancel", run_id, "--by", "alice", url=db_url)
+    assert first.returncode == 0
+    assert "cancelled" in first.stdout
+    second = steptrail("cancel", run_id, url=db_url)
+    assert second.returncode == 1
+    assert "cannot cancel" in second.stderr
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    shown = json.loads(steptrail("show", run_id, "--json", url=db_url).stdout)
+    assert [e["event"] for e in shown["events"]] == ["Queued", "Cancelled"]
+
+
+@pytest.mark.parametrize("limit", ["0", "-3", "abc"])
+def test_reap__bad_limit_exit_2(sqlite_url: str, limit: str) -> None:
+    """reap --limit takes a positive integer; anything else is a usage error (exit 2)."""
+    result = steptrail("reap", "--limit", limit, url=sqlite_url)
+    assert result.returncode == 2
+
+
+def test_reap__reports_counts(db_url: str) -> None:
+    """reap prints the one-line report, and --json the same counts as data."""
+    text = steptrail("reap", url=db_url)
+    assert text.stdout.strip() == (
+        "Reaped 0 stale run(s): 0 requeued, 0 dead-lettered, 0 skipped "
+        "(renewed or already moved on)."
+    )
+    data = json.loads(steptrail("reap", "--json", url=db_url).stdout)
+    assert data["reaped"] == 0
+
+
+def test_demo__finishes_on_embedded_sqlite(tmp_path: Path) -> None:
+    """The demo runs end to end on a fresh SQLite file and shows every kind of ending."""
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    result = steptrail("demo", url=url, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for word in ("completed", "not_retry", "cancelled", "Reclaimed", "Event trail"):
+        assert word in result.stdout

@@ -1,0 +1,235 @@
+"""Fault injection with real worker processes on one PostgreSQL database: claim exactly
+once, SIGKILL crashes, a SIGSTOPped zombie, and connections cut under load.
+
+Short leases keep these fast; every loop is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from steptrail.domain.enums import RunStatus, TerminationReason
+from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.run import Run
+from steptrail.runtime import Runtime
+from tests.acceptance import agents
+from tests.acceptance.helpers import spawn_worker
+from tests.conftest import make_runtime
+
+pytestmark = pytest.mark.slow
+TERMINAL_EVENTS = (Run.Completed, Run.Failed, Run.Cancelled, Run.DeadLettered)
+
+
+def wait_until(predicate: Any, timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
+
+
+def all_terminal(rt: Runtime, ids: list[UUID]) -> bool:
+    try:
+        return all(rt.get(i).status.is_terminal for i in ids)
+    except StoreUnavailable:  # the test's own connection was cut with everybody else's
+        return False
+
+
+def stop(procs: list[subprocess.Popen[Any]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def check_trails(rt: Runtime, ids: list[UUID]) -> dict[UUID, list[Any]]:
+    """Invariants of every run's log: contiguous versions, gap-free step numbers, exactly one
+    terminal event and nothing after it."""
+    trails = {}
+    for run_id in ids:
+        trail = rt.history(run_id)
+        events = [h.event for h in trail]
+        assert [h.version for h in trail] == list(range(1, len(trail) + 1))
+        seqs = [e.seq for e in events if isinstance(e, Run.StepRecorded)]
+        assert seqs == list(range(1, len(seqs) + 1)), (run_id, seqs)
+        terminal = [i for i, e in enumerate(events) if isinstance(e, TERMINAL_EVENTS)]
+        assert len(terminal) == 1, (run_id, [type(e).__name__ for e in events])
+        assert terminal[0] == len(events) - 1
+        trails[run_id] = events
+    return trails
+
+
+def test_workers__each_run_claimed_exactly_once(pg_url: str, tmp_path: Path) -> None:
+    """Four worker processes drain one queue; every run is claimed once and completed."""
+    rt = make_runtime(pg_url, lease_seconds=30)
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        ids = [rt.enqueue("scripted", {"steps": 1}) for _ in range(150)]
+        procs = [
+            spawn_worker(pg_url, "--concurrency", "3", log=tmp_path / f"w{i}.log") for i in range(4)
+        ]
+        assert wait_until(lambda: all_terminal(rt, ids), 90)
+        trails = check_trails(rt, ids)
+        for events in trails.values():
+            assert sum(isinstance(e, Run.Claimed) for e in events) == 1
+            assert isinstance(events[-1], Run.Completed)
+        holders = Counter(e.actor for t in trails.values() for e in t if isinstance(e, Run.Claimed))
+        assert len(holders) >= 2
+    finally:
+        stop(procs)
+        rt.close()
+
+
+def test_crash__sigkilled_workers_runs_still_finish_once(pg_url: str, tmp_path: Path) -> None:
+    """Workers are SIGKILLed at random while the reaper runs; every run ends exactly once,
+    and a run that lost its worker finished after a reclaim or was dead-lettered for it."""
+    rt = make_runtime(pg_url, lease_seconds=1.5)
+    rng = random.Random(7)
+    procs: list[subprocess.Popen[Any]] = []
+    env = {"STEPTRAIL_LEASE_SECONDS": "1.5"}
+    try:
+        ids = [rt.enqueue("scripted", {"steps": 6, "sleep": 0.1}) for _ in range(60)]
+        procs = [
+            spawn_worker(pg_url, "--concurrency", "4", log=tmp_path / f"w{i}.log", **env)
+            for i in range(3)
+        ]
+        reaper = rt.reaper()
+        kills = 0
+        deadline = time.monotonic() + 120
+        next_kill = time.monotonic() + 0.5
+        while time.monotonic() < deadline and not all_terminal(rt, ids):
+            if kills < 6 and time.monotonic() >= next_kill:
+                victim = rng.randrange(len(procs))
+                procs[victim].send_signal(signal.SIGKILL)
+                procs[victim].wait()
+                kills += 1
+                procs[victim] = spawn_worker(
+                    pg_url, "--concurrency", "4", log=tmp_path / f"r{kills}.log", **env
+                )
+                next_kill = time.monotonic() + rng.uniform(0.3, 0.7)
+            reaper.reap_once(50)
+            time.sleep(0.2)
+        assert kills >= 3
+        assert all_terminal(rt, ids)
+        trails = check_trails(rt, ids)
+        reclaimed = [i for i, t in trails.items() if any(isinstance(e, Run.Reclaimed) for e in t)]
+        assert reclaimed, "the kills should have stranded at least one run"
+        for run_id in reclaimed:
+            row = rt.get(run_id)
+            assert row.status is RunStatus.COMPLETED or (
+                row.state.reason is TerminationReason.RETRIES_EXHAUSTED
+            ), (run_id, row.state)
+    finally:
+        stop(procs)
+        rt.close()
+
+
+def holder_events(trail: list[Any], holder: str) -> list[str]:
+    return [type(e).__name__ for e in trail if e.actor == holder]
+
+
+def test_zombie__sigstopped_worker_resumed_after_reclaim_acts_no_more(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A worker paused past its lease is reclaimed; another finishes the run; resumed, the
+    zombie records nothing, settles nothing, runs no write tool, and reports lease_lost."""
+    rt = make_runtime(pg_url, app=agents.app, lease_seconds=1.0)
+    witness = tmp_path / "emails.txt"
+    env = {"STEPTRAIL_LEASE_SECONDS": "1.0"}
+    zombie_log = tmp_path / "zombie.log"
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        run_id = rt.enqueue("witnessed", {"steps": 4, "sleep": 0.4, "witness": str(witness)})
+        zombie = spawn_worker(pg_url, log=zombie_log, **env)
+        procs.append(zombie)
+        assert wait_until(
+            lambda: any(isinstance(h.event, Run.StepRecorded) for h in rt.history(run_id)), 30
+        )
+        zombie.send_signal(signal.SIGSTOP)
+        zombie_holder = rt.get(run_id).state.holder
+        assert zombie_holder is not None
+        assert wait_until(lambda: rt.reap().requeued == 1, 10, step=0.2)
+        procs.append(spawn_worker(pg_url, log=tmp_path / "rescuer.log", **env))
+        assert wait_until(lambda: rt.get(run_id).status.is_terminal, 30)
+        before = [h.event for h in rt.history(run_id)]
+        zombie.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: "lease_lost" in zombie_log.read_text(), 15)
+        zombie.terminate()
+        zombie.wait(15)
+        after = [h.event for h in rt.history(run_id)]
+        assert after == before
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        reclaim_at = next(i for i, e in enumerate(after) if isinstance(e, Run.Reclaimed))
+        assert holder_events(after[reclaim_at:], zombie_holder) == []
+        assert len(witness.read_text().splitlines()) == 1
+        report = json.loads(zombie_log.read_text().strip().splitlines()[-1])
+        assert report["outcomes"] == {"lease_lost": 1}
+    finally:
+        stop(procs)
+        rt.close()
+
+
+def terminate_backends(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+def test_database_restart__workers_reconnect_and_nothing_is_lost(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Every connection of every worker is cut, repeatedly, under load: workers reconnect,
+    every run still ends exactly once, none is stuck."""
+    rt = make_runtime(pg_url, lease_seconds=1.5)
+    procs: list[subprocess.Popen[Any]] = []
+    env = {"STEPTRAIL_LEASE_SECONDS": "1.5"}
+    try:
+        ids = [rt.enqueue("scripted", {"steps": 5, "sleep": 0.1}) for _ in range(120)]
+        procs = [
+            spawn_worker(pg_url, "--concurrency", "4", log=tmp_path / f"w{i}.log", **env)
+            for i in range(2)
+        ]
+        assert wait_until(lambda: "run_claimed" in (tmp_path / "w1.log").read_text(), 30)
+        cut = [terminate_backends(pg_url) for _ in range(4) if time.sleep(0.5) is None]
+        assert all(n > 0 for n in cut)
+        assert not all_terminal(rt, ids), "the cuts must land while runs are in flight"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all_terminal(rt, ids):
+            with contextlib.suppress(StoreUnavailable):
+                rt.reap()
+            time.sleep(0.2)
+        assert all(p.poll() is None for p in procs), "workers must survive lost connections"
+        assert all_terminal(rt, ids)
+        check_trails(rt, ids)
+        assert all(rt.get(i).status is RunStatus.COMPLETED for i in ids)
+    finally:
+        stop(procs)
+        rt.close()
+
+
+def test_fault_tests_run_on_postgres_only() -> None:
+    """These tests need real processes on one server; SQLite's are in tests/integration."""
+    assert os.name == "posix"

@@ -1,0 +1,179 @@
+"""The run store's contract, held against SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from steptrail.domain.enums import Effect, RunStatus, TerminationReason, WaitKind
+from steptrail.domain.errors import VersionConflict
+from steptrail.domain.run import Run, fold
+from steptrail.projections.run_index import normalise, rebuild_row
+
+AGENTS = ["a"]
+
+
+def queued(store: Any, *, key: str | None = None, agent: str = "a", body: bytes = b"{}") -> Run:
+    run = Run.enqueue(
+        run_id=uuid.uuid4(), agent=agent, request_digest="d", actor="test", idempotency_key=key
+    )
+    return store.create(run, request=body)  # type: ignore[no-any-return]
+
+
+def test_create__saves_request_and_is_claimable_at_once(store: Any) -> None:
+    """A just-enqueued run is claimable in the very next call, with its saved request."""
+    run = queued(store, body=b'{"x": 1}')
+    claimed = store.claim(holder="w", lease_ms=60_000, agents=AGENTS)
+    assert claimed is not None
+    assert claimed.run.id == run.id
+    assert claimed.request == b'{"x": 1}'
+    assert claimed.run.status is RunStatus.RUNNING
+    assert claimed.run.state.holder == "w"
+    assert claimed.run.state.claim_version == 2
+
+
+def test_create__idempotency_key_returns_existing_run(store: Any) -> None:
+    """A second enqueue with the same key returns the first run and writes nothing."""
+    first = queued(store, key="k")
+    second = queued(store, key="k", body=b'{"other": true}')
+    assert second.id == first.id
+    assert len(store.history(first.id)) == 1
+    assert store.request(first.id) == b"{}"
+
+
+def test_claim__each_run_once_in_fifo_order(store: Any) -> None:
+    """Claims hand out runs oldest first, each exactly once, then nothing."""
+    ids = [queued(store).id for _ in range(3)]
+    got = []
+    while (c := store.claim(holder="w", lease_ms=60_000, agents=AGENTS)) is not None:
+        got.append(c.run.id)
+    assert got == ids
+
+
+def test_claim__ignores_other_agents(store: Any) -> None:
+    """A worker claims only runs of the agents it can execute."""
+    queued(store, agent="b")
+    assert store.claim(holder="w", lease_ms=60_000, agents=AGENTS) is None
+    assert store.claim(holder="w", lease_ms=60_000, agents=["b"]) is not None
+
+
+def test_append__fenced_on_version(store: Any) -> None:
+    """An append at a version somebody already used conflicts and writes nothing."""
+    queued(store)
+    claimed = store.claim(holder="w", lease_ms=60_000, agents=AGENTS)
+    live, zombie = claimed.run, store.load(claimed.run.id)
+    live.record_step(kind="llm", name="one", duration_ms=1)
+    store.append(live)
+    zombie.record_step(kind="llm", name="stale", duration_ms=1)
+    with pytest.raises(VersionConflict):
+        store.append(zombie)
+    names = [getattr(e.event, "name", None) for e in store.history(live.id)]
+    assert "stale" not in names
+    assert store.load(live.id).state == live.state
+
+
+def test_append__settle_drops_saved_request(store: Any) -> None:
+    """Settling a run deletes its saved request in the same transaction."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    assert store.request(run.id) is not None
+    run.complete()
+    store.append(run)
+    assert store.request(run.id) is None
+    assert store.load(run.id).status is RunStatus.COMPLETED
+
+
+def test_append__resumable_state_saved_and_dropped(store: Any) -> None:
+    """Suspending saves resumable state beside the log; cancelling drops it."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    run.suspend(kind=WaitKind.APPROVAL, digest="sha256:x", pending_tools=("send",))
+    store.append(run, resumable=b'{"conversation": []}')
+    assert store.saved(run.id, "resumable") == b'{"conversation": []}'
+    assert store.stale(10) == []
+    run.cancel(actor="op")
+    store.append(run)
+    assert store.saved(run.id, "resumable") is None
+
+
+def test_requeue__not_claimable_before_its_delay(store: Any) -> None:
+    """A requeued run honours its backoff: invisible to claims until its time comes."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    from steptrail.domain.enums import FailureClass
+
+    run.requeue(delay_ms=400, failure_class=FailureClass.SERVER_ERROR, error_type="E")
+    store.append(run)
+    assert store.claim(holder="w", lease_ms=60_000, agents=AGENTS) is None
+    time.sleep(0.5)
+    again = store.claim(holder="w2", lease_ms=60_000, agents=AGENTS)
+    assert again is not None
+    assert again.run.state.requeue_count == 1
+
+
+def test_stale__only_expired_leases_oldest_first(store: Any) -> None:
+    """The stale scan returns expired running runs by deadline, and nothing else."""
+    queued(store)
+    queued(store)
+    queued(store)
+    first = store.claim(holder="w", lease_ms=50, agents=AGENTS).run
+    second = store.claim(holder="w", lease_ms=150, agents=AGENTS).run
+    store.claim(holder="w", lease_ms=60_000, agents=AGENTS)
+    time.sleep(0.3)
+    assert [r.id for r in store.stale(10)] == [first.id, second.id]
+    assert [r.id for r in store.stale(1)] == [first.id]
+
+
+def test_stale__heartbeat_moves_deadline(store: Any) -> None:
+    """Any append by the holder renews the lease from the store's clock."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=300, agents=AGENTS).run
+    time.sleep(0.2)
+    run.record_step(kind="llm", name="beat", duration_ms=1)
+    store.append(run)
+    time.sleep(0.2)
+    assert store.stale(10) == []
+
+
+def test_history__replay_equals_stored_state(store: Any) -> None:
+    """Folding the stored events reproduces the state the index holds."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    run.mark_effect_pending(tool="send", effect=Effect.NON_IDEMPOTENT_WRITE)
+    run.record_step(kind="tool", name="send", duration_ms=3, payload={"tool": "send"})
+    store.append(run)
+    run.dead_letter(actor="w", reason=TerminationReason.NOT_RETRYABLE, cause="test")
+    store.append(run)
+    history = store.history(run.id)
+    assert [h.version for h in history] == list(range(1, len(history) + 1))
+    assert fold(h.event for h in history) == store.load(run.id).state
+
+
+def test_index__rebuild_from_log_equals_live(store: Any) -> None:
+    """Every live index row equals the row rebuilt from its events and their store times."""
+    queued(store)
+    queued(store, key="k")
+    r = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    r.record_step(kind="llm", name="s", duration_ms=1)
+    store.append(r)
+    from steptrail.domain.enums import FailureClass
+
+    r.requeue(delay_ms=1234, failure_class=FailureClass.RATE_LIMIT, error_type="E")
+    store.append(r)
+    other = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    other.cancel(actor="op")
+    store.append(other)
+    for row in store.all_rows():
+        history = store.history(row.run_id)
+        rebuilt = rebuild_row((h.event, h.recorded_at) for h in history)
+        assert rebuilt is not None
+        assert normalise(rebuilt) == normalise(row)
+
+
+def test_migrate__idempotent(store: Any) -> None:
+    """Migrating an up-to-date database applies nothing and reports nothing pending."""
+    assert store.pending_migrations() == []
+    assert store.migrate() == []

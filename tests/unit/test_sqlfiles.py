@@ -1,0 +1,39 @@
+"""Named SQL: the same query names per backend, numbered migrations in step."""
+
+from __future__ import annotations
+
+import pytest
+
+from steptrail.infrastructure.sqlfiles import migrations, parse, queries
+
+# Queries that only one backend needs would be listed here with their reason; none today.
+BACKEND_ONLY: dict[str, str] = {}
+
+
+def test_queries__same_names_on_both_backends() -> None:
+    """PostgreSQL and SQLite define exactly the same named queries."""
+    pg, lite = set(queries("postgres")), set(queries("sqlite"))
+    assert pg - lite == set(BACKEND_ONLY) & pg
+    assert lite - pg == set(BACKEND_ONLY) & lite
+
+
+def test_migrations__numbered_alike_and_contiguous() -> None:
+    """Both backends have the same migrations, numbered 1, 2, 3 … without gaps."""
+    pg = [(n, name) for n, name, _ in migrations("postgres")]
+    lite = [(n, name) for n, name, _ in migrations("sqlite")]
+    assert pg == lite
+    assert [n for n, _ in pg] == list(range(1, len(pg) + 1))
+
+
+def test_parse__rejects_a_name_defined_twice() -> None:
+    """A queries file cannot define the same name twice."""
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_parse__keeps_bodies_without_trailing_semicolon() -> None:
+    """Each block's SQL is its text up to the next name, trimmed."""
+    assert parse("-- name: a\n-- why\nSELECT 1;\n\n-- name: b\nSELECT 2;") == {
+        "a": "-- why\nSELECT 1",
+        "b": "SELECT 2",
+    }
