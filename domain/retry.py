@@ -95,7 +95,9 @@ class RetryPolicy:
         """What the reaper does with a running run whose lease expired."""
         if state.pending_non_idempotent_write:
             return DeadLetter(TerminationReason.NOT_RETRYABLE, "non_idempotent_write_pending")
-        if not state.has_saved_request:
+        # An interactive or resumed segment ran in somebody's own process, not from the queue:
+        # there is no queued request for a worker to run again.
+        if not state.has_saved_request or state.segment is not Segment.WORKER:
             return DeadLetter(TerminationReason.NOT_RETRYABLE, "no_saved_request")
         if state.requeue_count >= self.max_requeues:
             return DeadLetter(TerminationReason.RETRIES_EXHAUSTED, "requeue_budget_spent")

@@ -266,6 +266,13 @@ class PostgresRunStore:
             for r in rows
         ]
 
+    def list_rows(
+        self, *, status: str | None, agent: str | None, reason: str | None, limit: int
+    ) -> list[RunRow]:
+        params = {"status": status, "agent": agent, "reason": reason, "limit": limit}
+        with self._connection() as conn:
+            return [_index_row(r) for r in conn.execute(self.q["select_runs"], params)]
+
     def all_rows(self) -> list[RunRow]:
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]

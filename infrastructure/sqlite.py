@@ -290,6 +290,14 @@ class SQLiteRunStore:
             for r in rows
         ]
 
+    def list_rows(
+        self, *, status: str | None, agent: str | None, reason: str | None, limit: int
+    ) -> list[RunRow]:
+        params = {"status": status, "agent": agent, "reason": reason, "limit": limit}
+        with self._read() as cur:
+            cur.execute(self.q["select_runs"], params)
+            return [_index_row(r) for r in cur.fetchall()]
+
     def all_rows(self) -> list[RunRow]:
         with self._read() as cur:
             cur.execute(self.q["select_all_runs"])

@@ -21,12 +21,20 @@ from uuid import UUID
 import typer
 from rich.console import Console
 
-from steptrail.domain.errors import IllegalTransition, StoreUnavailable, UnknownRun
+from steptrail.domain.enums import RunStatus, TerminationReason
+from steptrail.domain.errors import (
+    DigestMismatch,
+    IllegalTransition,
+    InvalidInput,
+    StoreUnavailable,
+    UnknownRun,
+)
 from steptrail.infrastructure.factory import SchemaMissing
 from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
-from steptrail.render import event_dict, print_run, row_dict
+from steptrail.render import event_dict, print_run, row_dict, runs_table
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.workers.decisions import CorruptResumableState
 from steptrail.workers.registry import App, UnknownAgent
 
 cli = typer.Typer(
@@ -91,9 +99,9 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
         fail(f"the database is not available: {error}", 3)
     try:
         yield rt
-    except (UnknownAgent, InvalidRequest) as error:
+    except (UnknownAgent, InvalidRequest, InvalidInput) as error:
         fail(str(error), 2)
-    except (UnknownRun, IllegalTransition) as error:
+    except (UnknownRun, IllegalTransition, DigestMismatch, CorruptResumableState) as error:
         fail(str(error), 1)
     except StoreUnavailable as error:
         fail(f"the database is not available: {error}", 3)
@@ -235,6 +243,122 @@ def show(
             emit_json({"run": row_dict(row), "events": [event_dict(e) for e in events]})
         else:
             print_run(out, row, events)
+
+
+ResumeOption = Annotated[
+    str,
+    typer.Option(
+        "--resume",
+        help="auto: a queued run goes back to the queue for a worker, an interactive one "
+        "resumes here; here: resume in this process now; queue: hand it to a worker.",
+    ),
+]
+
+
+def _resume_mode(value: str) -> Any:
+    if value not in ("auto", "here", "queue"):
+        raise typer.BadParameter("--resume is one of auto, here, queue")
+    return value
+
+
+def _decided(result: Any, as_json: bool) -> None:
+    if as_json:
+        emit_json(
+            {
+                "run_id": str(result.run_id),
+                "outcome": result.outcome.value,
+                "status": result.status.value,
+            }
+        )
+    else:
+        out.print(f"{result.run_id} {result.outcome.value} ({result.status.value})")
+
+
+@cli.command()
+def approve(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
+    by: Annotated[str, typer.Option("--by", help="Who approves (recorded).")],
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            "--digest",
+            help="The digest of the pending calls you reviewed "
+            "(`steptrail show` prints it); refused if the calls changed.",
+        ),
+    ] = None,
+    resume: ResumeOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Approve the pending tool calls of a run waiting for approval, and resume it."""
+    rid = parse_run_id(run_id)
+    mode = _resume_mode(resume)
+    with runtime(ctx) as rt:
+        _decided(rt.approve(rid, by=by, digest=digest, resume=mode), as_json)
+
+
+@cli.command()
+def deny(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
+    by: Annotated[str, typer.Option("--by", help="Who denies (recorded).")],
+    digest: Annotated[
+        str | None, typer.Option("--digest", help="The digest of the pending calls.")
+    ] = None,
+    resume: ResumeOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Deny the pending calls: each gets the error result "denied by the operator" and the
+    agent carries on."""
+    rid = parse_run_id(run_id)
+    mode = _resume_mode(resume)
+    with runtime(ctx) as rt:
+        _decided(rt.deny(rid, by=by, digest=digest, resume=mode), as_json)
+
+
+@cli.command("input")
+def submit_input(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
+    by: Annotated[str, typer.Option("--by", help="Who submits (recorded; values are not).")],
+    values: Annotated[str, typer.Option("--values", help="The input, a JSON object.")],
+    resume: ResumeOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Submit input to a run waiting for it; validated against its schema first."""
+    rid = parse_run_id(run_id)
+    mode = _resume_mode(resume)
+    try:
+        body = json.loads(values)
+    except json.JSONDecodeError as error:
+        fail(f"--values is not valid JSON: {error}", 2)
+    if not isinstance(body, dict):
+        fail("--values must be a JSON object", 2)
+    with runtime(ctx) as rt:
+        _decided(rt.submit_input(rid, body, by=by, resume=mode), as_json)
+
+
+@cli.command()
+def runs(
+    ctx: typer.Context,
+    status: Annotated[
+        RunStatus | None, typer.Option("--status", help="Only runs in this status.")
+    ] = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs.")] = None,
+    reason: Annotated[
+        TerminationReason | None, typer.Option("--reason", help="Only runs ended so.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List runs, newest first. `--status waiting_for_approval` is the approvers' inbox:
+    what each run waits for (tools, digest) and since when."""
+    with runtime(ctx) as rt:
+        rows = rt.runs(status=status, agent=agent, reason=reason, limit=limit)
+        if as_json:
+            emit_json([row_dict(r) for r in rows])
+        else:
+            out.print(runs_table(rows))
 
 
 @cli.command()

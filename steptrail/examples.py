@@ -15,6 +15,11 @@ Request fields (all optional):
   step k on the first n executions (default: every execution).
 * `crash`: `{"at": k, "times": n}`: kill this whole process with SIGKILL at step k, like a
   machine dying (for trying the reaper; never in a process you care about).
+* `approval`: `{"at": k or [k, …], "tools": ["send_email", …]}`: before step k, stop and
+  wait for a person to approve those tool calls (`steptrail approve/deny`); when resumed,
+  run them (or record their denial) and go on. Several points suspend several times.
+* `input`: `{"at": k, "schema": <JSON Schema>, "prompt": "…"}`: before step k, wait for input
+  (`steptrail input RUN --values '{…}'`).
 * `result`: what the run returns when it completes.
 """
 
@@ -25,7 +30,7 @@ import signal
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steptrail.domain.classifier import ClassifiedError, HttpStatusError
 from steptrail.domain.enums import Effect, FailureClass
@@ -64,6 +69,29 @@ class CrashScript(_Strict):
     times: int | None = Field(default=None, ge=1)
 
 
+class ApprovalScript(_Strict):
+    at: list[int] = Field(default_factory=lambda: [1])
+    tools: list[str] = Field(default_factory=lambda: ["send_email"], min_length=1)
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _points(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int) else value
+
+
+class InputScript(_Strict):
+    at: int = Field(default=1, ge=1)
+    schema_: dict[str, Any] = Field(
+        alias="schema",
+        default_factory=lambda: {
+            "type": "object",
+            "properties": {"account": {"type": "string", "minLength": 1}},
+            "required": ["account"],
+        },
+    )
+    prompt: str | None = "Which account?"
+
+
 class Script(_Strict):
     """What the scripted agent does (see the module docstring)."""
 
@@ -72,6 +100,8 @@ class Script(_Strict):
     tool: ToolScript | None = None
     fail: FailScript | None = None
     crash: CrashScript | None = None
+    approval: ApprovalScript | None = None
+    input: InputScript | None = None
     result: dict[str, Any] | None = None
 
 
@@ -100,8 +130,18 @@ def _due(times: int | None, attempt: int) -> bool:
 def scripted(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
     """Record `steps` steps, with the tool call, failure or crash the request scripts."""
     script = Script.model_validate(request)
-    total = max(script.steps, script.tool.at if script.tool else 0)
+    pauses = sorted(
+        [(k, "approval") for k in (script.approval.at if script.approval else [])]
+        + ([(script.input.at, "input")] if script.input else [])
+    )
+    total = max([script.steps, script.tool.at if script.tool else 0, *(k for k, _ in pauses)])
+    resumed_at = _resume(ctx)
     for k in range(1, total + 1):
+        if k < resumed_at:
+            continue  # done before the run suspended
+        for at, kind in pauses:
+            if at == k and k != resumed_at:
+                _pause(ctx, script, kind, k)
         if script.crash and k == script.crash.at and _due(script.crash.times, ctx.attempt):
             os.kill(os.getpid(), signal.SIGKILL)
         if script.fail and k == script.fail.at and _due(script.fail.times, ctx.attempt):
@@ -123,6 +163,28 @@ def scripted(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
             payload={"messages": [{"role": "user", "content": f"step {k}"}], "round": k},
         )
     return script.result or {"steps": total}
+
+
+def _resume(ctx: RunContext) -> int:
+    """The step a resumed run continues from (0 for a fresh one), after resolving what it
+    waited for: approved calls run as tools, denied ones get their error result."""
+    resumed = ctx.resumed
+    if resumed is None:
+        return 0
+    if resumed.kind.value == "approval":
+        ctx.run_pending(lambda call: {"tool": call.name, "ok": True})
+    else:
+        ctx.step("input", "use-input", lambda: sorted(resumed.values or {}))
+    return int(resumed.conversation["at"])
+
+
+def _pause(ctx: RunContext, script: Script, kind: str, k: int) -> None:
+    if kind == "approval":
+        assert script.approval is not None
+        calls = [{"name": t, "arguments": {"step": k}} for t in script.approval.tools]
+        ctx.request_approval(calls, conversation={"at": k})
+    assert script.input is not None
+    ctx.request_input(script.input.schema_, prompt=script.input.prompt, conversation={"at": k})
 
 
 def _sleeper(value: Any, seconds: float) -> Any:

@@ -96,6 +96,9 @@ def run_table(row: RunRow) -> Table:
         ("available at", _iso(row.available_at) or "-"),
         ("failure", f"{s.failure_class.value} ({s.error_type})" if s.failure_class else "-"),
         ("pending effects", ", ".join(f"{p.tool}@{p.seq}" for p in s.pending_effects) or "-"),
+        ("waiting for", s.waiting.kind.value if s.waiting else "-"),
+        ("pending calls", ", ".join(s.waiting.pending_tools) if s.waiting else "-"),
+        ("digest", s.waiting.digest if s.waiting else "-"),
         ("created", _iso(row.created_at)),
         ("updated", _iso(row.updated_at)),
     ]
@@ -106,10 +109,14 @@ def run_table(row: RunRow) -> Table:
 
 def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
     table = Table(title=title)
-    for column in ("run", "agent", "status", "reason", "steps", "requeues", "version"):
-        table.add_column(column)
+    for column in ("run", "agent", "status", "reason", "steps", "requeues", "since", "waits for"):
+        table.add_column(column, overflow="fold")
     for row in rows:
         s = row.state
+        waits = "-"
+        if s.waiting is not None:
+            what = ", ".join(s.waiting.pending_tools) or "input"
+            waits = f"{s.waiting.kind.value}: {what} ({s.waiting.digest[:19]}…)"
         table.add_row(
             str(s.run_id),
             s.agent,
@@ -117,7 +124,8 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
             s.reason.value if s.reason else "-",
             str(s.steps),
             str(s.requeue_count),
-            str(s.version),
+            row.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+            waits,
         )
     return table
 

@@ -17,6 +17,7 @@ import structlog
 from pydantic import ValidationError
 
 from steptrail.domain.digest import canonical_json, digest
+from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run
@@ -25,6 +26,7 @@ from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlite import SQLiteRunStore
 from steptrail.projections.run_index import RunRow, normalise, rebuild_row
+from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
 from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.reaper import Reaper, ReapReport
@@ -186,6 +188,72 @@ class Runtime:
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    # -- people in the loop --------------------------------------------------------------------
+
+    def decisions(self) -> Decisions:
+        return Decisions(self.store, lease_ms=self.settings.lease_ms, executor=self._executor)
+
+    def pending(self, run_id: UUID) -> PendingDecision:
+        """What a waiting run waits for, with the digest a decision must quote."""
+        return self.decisions().pending(run_id)
+
+    def approve(
+        self, run_id: UUID, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
+    ) -> SegmentResult:
+        """Approve the pending calls of a run waiting for approval, and resume it.
+
+        `resume="here"` runs the resumed segment in this process (under a `resume:` lease)
+        and returns its result; `"queue"` hands the run to the queue for a worker; `"auto"`
+        (default) queues a run that came from the queue and resumes an interactive one here.
+        `digest`, if given, must match the pending calls (`steptrail show` prints it).
+        """
+        return self.decisions().decide(
+            run_id, by=by, kind=WaitKind.APPROVAL, approved=True, digest=digest, resume=resume
+        )
+
+    def deny(
+        self, run_id: UUID, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
+    ) -> SegmentResult:
+        """Deny the pending calls: each gets the error result "denied by the operator" and
+        the agent continues (resumed as with `approve`)."""
+        return self.decisions().decide(
+            run_id, by=by, kind=WaitKind.APPROVAL, approved=False, digest=digest, resume=resume
+        )
+
+    def submit_input(
+        self,
+        run_id: UUID,
+        values: Mapping[str, Any],
+        *,
+        by: str,
+        resume: ResumeMode = "auto",
+    ) -> SegmentResult:
+        """Submit input to a run waiting for it. The values are validated against the
+        declared schema before anything changes; only declared keys are kept; the event
+        records who submitted and which keys, never the values."""
+        return self.decisions().decide(
+            run_id, by=by, kind=WaitKind.INPUT, approved=True, values=values, resume=resume
+        )
+
+    def runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        agent: str | None = None,
+        reason: TerminationReason | str | None = None,
+        limit: int = 50,
+    ) -> list[RunRow]:
+        """Runs from the index, newest first, filtered (the inbox is `status=
+        waiting_for_approval`)."""
+        if limit < 1:
+            raise ValueError("limit must be a positive integer")
+        return self.store.list_rows(
+            status=RunStatus(status).value if status else None,
+            agent=agent,
+            reason=TerminationReason(reason).value if reason else None,
+            limit=limit,
+        )
 
     def get(self, run_id: UUID) -> RunRow:
         """The run as the index holds it.

@@ -13,17 +13,26 @@ hand a completed step's recorded result back instead of running it again (durabl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Never, TypeVar
 from uuid import UUID
 
+from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from steptrail.domain.enums import Effect, PrivacyLevel, TerminationReason
+from steptrail.domain.decisions import (
+    DENIED,
+    PendingCall,
+    ResumableState,
+    calls_digest,
+    state_digest,
+)
+from steptrail.domain.digest import canonical_json
+from steptrail.domain.enums import Effect, Outcome, PrivacyLevel, TerminationReason, WaitKind
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.run import Decision, Run
-from steptrail.workers.segment import Segment
+from steptrail.workers.segment import LeaseLost, Segment
 
 T = TypeVar("T")
 
@@ -42,6 +51,36 @@ class Recorded(Generic[T]):
     payload: Mapping[str, Any] = field(default_factory=dict)
     tokens: int = 0
     cost: float = 0.0
+
+
+class Suspend(BaseException):
+    """Raised by `request_approval` / `request_input` once the run is durably waiting; the
+    agent function ends there and is called again, resumed, after the decision."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.value)
+        self.outcome = outcome
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What a resumed segment resumes with: the decision and the state saved at suspension."""
+
+    kind: WaitKind
+    approved: bool
+    by: str
+    calls: list[PendingCall]
+    conversation: Any
+    values: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The result of one pending call after the decision: its value, or the denial."""
+
+    call: PendingCall
+    value: Any = None
+    error: str | None = None
 
 
 class RunFailed(Exception):
@@ -110,6 +149,107 @@ class RunContext:
     @property
     def privacy(self) -> PrivacyLevel:
         return self._privacy
+
+    @property
+    def resumed(self) -> Resumption | None:
+        """Set when this segment resumes a run after a person decided; None otherwise."""
+        decision = self.decision
+        if decision is None or self.resumable is None:
+            return None
+        saved = ResumableState.model_validate(self.resumable)
+        return Resumption(
+            kind=decision.kind,
+            approved=decision.approved,
+            by=decision.by,
+            calls=saved.calls,
+            conversation=saved.conversation,
+            values=saved.values,
+        )
+
+    # -- waiting for a person ------------------------------------------------------------------
+
+    def request_approval(
+        self, calls: Sequence[PendingCall | Mapping[str, Any]], *, conversation: Any = None
+    ) -> Never:
+        """Stop and wait until a person approves or denies `calls`.
+
+        The pending calls and `conversation` are saved verbatim (whatever the privacy level)
+        and the lease is released; the agent function ends here. After the decision it is
+        called again with `ctx.resumed` set: run the calls with `ctx.run_pending(...)`.
+        """
+        pending = [PendingCall.model_validate(c) for c in calls]
+        if not pending:
+            raise ValueError("request_approval needs at least one pending call")
+        state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
+        self._suspend(state, calls_digest(pending), tuple(c.name for c in pending))
+
+    def request_input(
+        self,
+        schema: type[BaseModel] | Mapping[str, Any],
+        *,
+        prompt: str | None = None,
+        conversation: Any = None,
+    ) -> Never:
+        """Stop and wait until a person submits values matching `schema` (a pydantic model
+        or a JSON Schema); they arrive as `ctx.resumed.values`."""
+        json_schema = (
+            schema.model_json_schema()
+            if isinstance(schema, type) and issubclass(schema, BaseModel)
+            else dict(schema)
+        )
+        state = ResumableState(
+            kind=WaitKind.INPUT,
+            input_schema=json_schema,
+            prompt=prompt,
+            conversation=conversation,
+        )
+        self._suspend(state, state_digest(state), ())
+
+    def run_pending(
+        self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
+    ) -> list[CallResult]:
+        """Resolve the calls this segment resumed with.
+
+        Approved: each call runs as a tool step (`ctx.tool`, so write tools get their
+        pending-effect marker first), with `tools[name](**arguments)` or `tools(call)`.
+        Denied: no call runs; each gets the error result "denied by the operator", recorded
+        as a step, and the agent goes on.
+        """
+        resumed = self.resumed
+        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
+            raise RuntimeError("run_pending is for a segment resumed after an approval")
+        results = []
+        for call in resumed.calls:
+            if not resumed.approved:
+                self.step("tool", call.name, lambda: {"error": DENIED}, payload={"tool": call.name})
+                results.append(CallResult(call=call, error=DENIED))
+                continue
+            run = _bind(tools, call)
+            value = self.tool(call.name, run, arguments=call.arguments)
+            results.append(CallResult(call=call, value=value))
+        return results
+
+    def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
+        body = canonical_json(jsonable(state.model_dump(mode="json")))
+        kind = state.kind
+
+        def suspend(run: Run) -> None:
+            run.suspend(
+                kind=kind, digest=digest, pending_tools=tools, input_schema=state.input_schema
+            )
+
+        try:
+            self._segment.commit(suspend, resumable=body)
+        except LeaseLost as lost:
+            # A cancel (or a takeover) won the race: the run was not suspended. First outcome
+            # wins, so it stays as the canceller left it; this segment reports suspend_failed.
+            if lost.outcome is Outcome.CANCELLED:
+                raise LeaseLost(Outcome.SUSPEND_FAILED, lost.why) from lost
+            raise
+        self.log.info("run_suspended", waiting_for=kind.value, version=self._segment.run.version)
+        raise Suspend(
+            Outcome.AWAITING_APPROVAL if kind is WaitKind.APPROVAL else Outcome.AWAITING_INPUT
+        )
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -240,6 +380,17 @@ class RunContext:
             version=self._segment.run.version,
             error_type=error_type,
         )
+
+
+def _bind(
+    tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any], call: PendingCall
+) -> Callable[[], Any]:
+    if isinstance(tools, Mapping):
+        if call.name not in tools:
+            raise KeyError(f"no implementation given for pending call {call.name!r}")
+        fn = tools[call.name]
+        return lambda: fn(**call.arguments)
+    return lambda: tools(call)
 
 
 def _unwrap(outcome: Any) -> tuple[Any, Recorded[Any] | None]:

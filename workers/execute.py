@@ -20,7 +20,7 @@ from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
-from steptrail.workers.context import RunContext, RunFailed, jsonable
+from steptrail.workers.context import RunContext, RunFailed, Suspend, jsonable
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
 from steptrail.workers.segment import LeaseLost, Segment
@@ -98,6 +98,8 @@ class Executor:
             result = fn(ctx, ctx.request)
         except LeaseLost as lost:
             return self._result(segment, lost.outcome)
+        except Suspend as suspended:
+            return self._result(segment, suspended.outcome)
         except RunFailed as failed:
             reason, error_type = failed.reason, type(failed).__name__
             return self._settle(
@@ -177,8 +179,23 @@ class Executor:
     @staticmethod
     def _result(segment: Segment, outcome: Outcome) -> SegmentResult:
         run = segment.run
-        status = RunStatus.CANCELLED if outcome is Outcome.CANCELLED else run.status
+        status = (
+            RunStatus.CANCELLED
+            if outcome in (Outcome.CANCELLED, Outcome.SUSPEND_FAILED)
+            else run.status
+        )
         return SegmentResult(run.id, outcome, status, run.committed_version)
+
+
+def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
+    """The saved resumable state a decided run resumes with, or None for a fresh segment."""
+    if run.state.decision is None or not run.state.has_resumable_state:
+        return None
+    body = store.saved(run.id, "resumable")
+    if body is None:
+        return None
+    value = json.loads(body)
+    return value if isinstance(value, dict) else None
 
 
 def decode_request(body: bytes) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from steptrail.workers.execute import (
     Executor,
     SegmentResult,
     decode_request,
+    resumable_of,
 )
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
@@ -137,7 +138,7 @@ class Worker:
                 request = decode_request(claimed.request)
             except ValueError:
                 request = {}
-            result = executor.execute(run, request)
+            result = executor.execute(run, request, resumable=resumable_of(self.store, run))
             log.info("segment_finished", outcome=result.outcome.value, version=result.version)
             with self._lock:
                 self.report.outcomes[result.outcome.value] += 1

@@ -138,3 +138,43 @@ def test_demo__finishes_on_embedded_sqlite(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for word in ("completed", "not_retry", "cancelled", "Reclaimed", "Event trail"):
         assert word in result.stdout
+
+
+def test_approve_deny_input__from_the_command_line(db_url: str) -> None:
+    """The inbox lists a waiting run with its digest; approve resumes it; bad input and a
+    wrong digest are refused with nothing changed."""
+    run_id = steptrail(
+        "enqueue", "scripted", "-r", '{"steps": 2, "approval": {"at": 2}}', url=db_url
+    ).stdout.strip()
+    steptrail("work", "--burst", url=db_url)
+    inbox = json.loads(
+        steptrail("runs", "--status", "waiting_for_approval", "--json", url=db_url).stdout
+    )
+    assert [r["run_id"] for r in inbox] == [run_id]
+    digest = inbox[0]["waiting"]["digest"]
+    wrong = steptrail("approve", run_id, "--by", "alice", "--digest", "sha256:0", url=db_url)
+    assert wrong.returncode == 1
+    assert "does not match" in wrong.stderr
+    missing_by = steptrail("approve", run_id, url=db_url)
+    assert missing_by.returncode == 2
+    ok = steptrail("approve", run_id, "--by", "alice", "--digest", digest, url=db_url)
+    assert ok.returncode == 0, ok.stderr
+    again = steptrail("deny", run_id, "--by", "bob", url=db_url)
+    assert again.returncode == 1
+    assert "already resuming" in again.stderr
+    steptrail("work", "--burst", url=db_url)
+    shown = json.loads(steptrail("show", run_id, "--json", url=db_url).stdout)
+    assert shown["run"]["status"] == "completed"
+
+
+def test_input__invalid_values_exit_2(db_url: str) -> None:
+    """Input that fails the run's schema is a usage error; the run keeps waiting."""
+    run_id = steptrail(
+        "enqueue", "scripted", "-r", '{"steps": 1, "input": {"at": 1}}', url=db_url
+    ).stdout.strip()
+    steptrail("work", "--burst", url=db_url)
+    bad = steptrail("input", run_id, "--by", "a", "--values", '{"account": 5}', url=db_url)
+    assert bad.returncode == 2
+    assert "account" in bad.stderr
+    good = steptrail("input", run_id, "--by", "a", "--values", '{"account": "x"}', url=db_url)
+    assert good.returncode == 0, good.stderr

@@ -164,6 +164,15 @@ SELECT originator_id AS run_id, originator_version AS version, recorded_at, topi
 FROM steptrail_events
 ORDER BY originator_id, originator_version;
 
+-- name: select_runs
+-- The inbox and `steptrail runs`: newest first, every filter optional.
+SELECT * FROM steptrail_runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id
+LIMIT %(limit)s;
+
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
 

@@ -113,6 +113,14 @@ SELECT originator_id AS run_id, originator_version AS version, recorded_at, topi
 FROM steptrail_events
 ORDER BY originator_id, originator_version;
 
+-- name: select_runs
+SELECT * FROM steptrail_runs
+WHERE (:status IS NULL OR status = :status)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id
+LIMIT :limit;
+
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
 

@@ -1,0 +1,188 @@
+"""Use cases of a person deciding on a waiting run: approve, deny, submit input, cancel.
+
+A decision is checked completely before anything changes: the run must be waiting for that
+kind of decision, its resumable state must parse and match the digest the run suspended with,
+the quoted digest must match it, and input must satisfy the declared schema. Then one fenced
+append records the decision *and* hands the run on, atomically:
+
+* `Decided` + `Resumed` (lease `resume:…`): this process resumes the run now;
+* `Decided` + `Released`: the run goes back on the queue and a worker resumes it.
+
+Two people deciding at once both fence on the version they read; the second append
+conflicts and is refused as "already resuming".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from steptrail.domain.decisions import (
+    PendingCall,
+    ResumableState,
+    state_digest,
+    validate_input,
+)
+from steptrail.domain.digest import canonical_json
+from steptrail.domain.enums import Outcome, WaitKind
+from steptrail.domain.errors import (
+    DigestMismatch,
+    DomainError,
+    IllegalTransition,
+    UnknownRun,
+    VersionConflict,
+)
+from steptrail.domain.ports import RunStore
+from steptrail.domain.run import Run
+from steptrail.workers.execute import Executor, SegmentResult, decode_request
+from steptrail.workers.worker import holder_name
+
+ResumeMode = Literal["auto", "here", "queue"]
+
+
+class AlreadyResuming(IllegalTransition):
+    """Somebody else decided this run first; it is already resuming."""
+
+
+class CorruptResumableState(DomainError):
+    """The saved resumable state is unreadable or does not match what the run waits on."""
+
+
+@dataclass(frozen=True)
+class PendingDecision:
+    """What a waiting run asks a person, with the digest a decision must quote."""
+
+    run_id: UUID
+    kind: WaitKind
+    digest: str
+    calls: list[PendingCall]
+    input_schema: dict[str, Any] | None
+    prompt: str | None
+
+
+class Decisions:
+    """Approve, deny and submit input for waiting runs (see the module docstring)."""
+
+    def __init__(self, store: RunStore, *, lease_ms: int, executor: Callable[[], Executor]) -> None:
+        self.store = store
+        self.lease_ms = lease_ms
+        self.executor = executor
+
+    def pending(self, run_id: UUID) -> PendingDecision:
+        """What `run_id` waits for.
+
+        Raises:
+            UnknownRun, IllegalTransition (not waiting), CorruptResumableState.
+        """
+        run = self._load(run_id)
+        saved = self._saved_state(run)
+        waiting = run.state.waiting
+        assert waiting is not None
+        return PendingDecision(
+            run_id=run_id,
+            kind=waiting.kind,
+            digest=waiting.digest,
+            calls=saved.calls,
+            input_schema=saved.input_schema,
+            prompt=saved.prompt,
+        )
+
+    def decide(
+        self,
+        run_id: UUID,
+        *,
+        by: str,
+        kind: WaitKind,
+        approved: bool,
+        digest: str | None = None,
+        values: Mapping[str, Any] | None = None,
+        resume: ResumeMode = "auto",
+    ) -> SegmentResult:
+        """Record a decision and resume the run (here, or through the queue).
+
+        Returns the resumed segment's result (`here`), or a `requeued`-style result whose
+        status is `queued` (`queue`).
+
+        Raises:
+            UnknownRun; IllegalTransition (not waiting for that); AlreadyResuming;
+            DigestMismatch; InvalidInput; CorruptResumableState.
+        """
+        if not by.strip():
+            raise IllegalTransition("a decision needs the name of who decided (--by)")
+        run = self._load(run_id)
+        saved = self._saved_state(run)
+        waiting = run.state.waiting
+        assert waiting is not None
+        if waiting.kind is not kind:
+            raise IllegalTransition(f"run {run_id} waits for {waiting.kind}, not {kind}")
+        if digest is not None and digest != waiting.digest:
+            raise DigestMismatch(
+                f"digest {digest} does not match the pending calls ({waiting.digest}); "
+                "the run is still waiting"
+            )
+        new_body: bytes | None = None
+        input_keys: tuple[str, ...] = ()
+        if kind is WaitKind.INPUT:
+            taken = validate_input(saved.input_schema or {}, values or {})
+            saved = saved.model_copy(update={"values": taken})
+            new_body = canonical_json(saved.model_dump(mode="json"))
+            input_keys = tuple(sorted(taken))
+        mode = resume
+        if mode == "auto":
+            mode = "queue" if run.state.has_saved_request else "here"
+        run.decide(
+            by=by, kind=kind, approved=approved, digest=waiting.digest, input_keys=input_keys
+        )
+        holder = holder_name("resume")
+        if mode == "here":
+            run.resume(holder=holder, lease_ms=self.lease_ms)
+        else:
+            run.release(actor=by)
+        try:
+            self.store.append(run, resumable=new_body)
+        except VersionConflict:
+            current = self.store.load(run_id)
+            if current is not None and current.state.decision is not None:
+                raise AlreadyResuming(f"run {run_id} is already resuming") from None
+            status = current.status if current is not None else "gone"
+            raise IllegalTransition(f"run {run_id} changed meanwhile (now {status})") from None
+        if mode == "queue":
+            return SegmentResult(run.id, Outcome.REQUEUED, run.status, run.version)
+        request = decode_request(self.store.saved(run_id, "request") or b"")
+        return self.executor().execute(run, request, resumable=saved.model_dump(mode="json"))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _load(self, run_id: UUID) -> Run:
+        run = self.store.load(run_id)
+        if run is None:
+            raise UnknownRun(f"no run {run_id}")
+        if not run.status.is_waiting:
+            if run.state.decision is not None and not run.status.is_terminal:
+                raise AlreadyResuming(f"run {run_id} is already resuming ({run.status})")
+            raise IllegalTransition(f"run {run_id} is not waiting (it is {run.status})")
+        return run
+
+    def _saved_state(self, run: Run) -> ResumableState:
+        body = self.store.saved(run.id, "resumable")
+        if body is None:
+            raise CorruptResumableState(f"run {run.id} has no resumable state saved")
+        try:
+            saved = ResumableState.model_validate(json.loads(body))
+        except (ValueError, ValidationError):
+            raise CorruptResumableState(
+                f"the resumable state of run {run.id} is unreadable; nothing was changed"
+            ) from None
+        waiting = run.state.waiting
+        assert waiting is not None
+        if saved.kind is not waiting.kind or state_digest(saved) != waiting.digest:
+            raise CorruptResumableState(
+                f"the resumable state of run {run.id} does not match what it waits on; "
+                "nothing was changed"
+            )
+        return saved
