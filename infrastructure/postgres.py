@@ -9,8 +9,9 @@ fence), anything that lost the connection is `StoreUnavailable`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 from uuid import UUID
@@ -23,9 +24,9 @@ from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
-from steptrail.domain.run import Run
+from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
-from steptrail.infrastructure.sqlfiles import migrations, queries
+from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
@@ -34,7 +35,7 @@ from steptrail.infrastructure.store_base import (
     side_effects,
     state_params,
 )
-from steptrail.projections.run_index import RunRow
+from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
@@ -277,30 +278,41 @@ class PostgresRunStore:
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
 
-    def iter_log(self) -> Iterator[tuple[UUID, RecordedEvent]]:
+    def iter_log(self) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         """Every event of every run, run by run, streamed with a server-side cursor."""
         with self._connection() as conn, conn.transaction():
-            cur = conn.cursor(name="steptrail_log")
-            cur.itersize = 2000
-            cur.execute(self.q["select_log"])
-            for r in cur:
-                yield (
-                    r["run_id"],
-                    RecordedEvent(
-                        run_id=r["run_id"],
-                        version=r["version"],
-                        recorded_at=r["recorded_at"],
-                        event=decode_event(r["topic"], bytes(r["state"])),
-                    ),
-                )
+            yield from self._log(conn)
 
-    def replace_index(self, rows: Sequence[RunRow]) -> None:
-        """Swap the whole run index for `rows` in one transaction (a rebuild)."""
+    def _log(self, conn: psycopg.Connection[DictRow]) -> Iterator[tuple[UUID, RunEvent, datetime]]:
+        cur = conn.cursor(name="steptrail_log")
+        cur.itersize = 2000
+        cur.execute(self.q["select_log"])
+        for r in cur:
+            yield r["run_id"], decode_event(r["topic"], bytes(r["state"])), r["recorded_at"]
+
+    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
+        """Replace the run index with one folded from the log, in one transaction that holds
+        the log lock throughout: writers wait, so no append can slip between the read of the
+        log and the swap of the index. Returns the number of runs."""
+        count = 0
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["lock_events"])
             conn.execute(self.q["delete_all_runs"])
-            with conn.cursor() as cur:
-                cur.executemany(self.q["insert_row"], [self._row_params(r) for r in rows])
+            chunk: list[dict[str, Any]] = []
+            with conn.cursor() as writer:
+                for row in rebuild_rows(self._log(conn)):
+                    chunk.append(self._row_params(row))
+                    count += 1
+                    if len(chunk) >= 1000:
+                        writer.executemany(self.q["insert_row"], chunk)
+                        chunk = []
+                        if progress is not None:
+                            progress(count)
+                if chunk:
+                    writer.executemany(self.q["insert_row"], chunk)
+        if progress is not None:
+            progress(count)
+        return count
 
     def _row_params(self, row: RunRow) -> dict[str, Any]:
         params = state_params(row.state)
@@ -321,6 +333,42 @@ class PostgresRunStore:
     def _one(self, name: str, params: dict[str, Any]) -> DictRow | None:
         with self._connection() as conn:
             return conn.execute(self.q[name], params, prepare=True).fetchone()
+
+    # -- reporting views (the Dialect of reporting_store) ---------------------------------------
+
+    @contextmanager
+    def reporting_write(self) -> Iterator[_PgTx]:
+        with self._connection() as conn, conn.transaction():
+            yield _PgTx(conn, self.q)
+
+    @contextmanager
+    def reporting_read(self) -> Iterator[_PgTx]:
+        with self._connection() as conn:
+            yield _PgTx(conn, self.q)
+
+    @staticmethod
+    def db_id(value: UUID) -> Any:
+        return value
+
+    @staticmethod
+    def db_ids(values: Sequence[UUID]) -> Any:
+        return list(values)
+
+    @staticmethod
+    def db_time(value: datetime | None) -> Any:
+        return value
+
+    @staticmethod
+    def py_time(value: Any) -> datetime | None:
+        return value  # type: ignore[no-any-return]
+
+    @staticmethod
+    def db_json(value: Any) -> Any:
+        return Jsonb(value)
+
+    @staticmethod
+    def db_now() -> Any:
+        return None  # PostgreSQL reads now() inside the query
 
     # -- waking idle workers -------------------------------------------------------------------
 
@@ -349,6 +397,26 @@ class PostgresRunStore:
                             self._woken.set()
             except psycopg.Error:
                 self._closed.wait(1.0)
+
+
+class _PgTx:
+    """Named queries on one connection (inside a transaction when writing)."""
+
+    def __init__(self, conn: psycopg.Connection[DictRow], q: dict[str, str]) -> None:
+        self.conn = conn
+        self.q = q
+
+    def all(self, name: str, params: Mapping[str, Any]) -> list[Any]:
+        return self.conn.execute(self.q[name], params).fetchall()
+
+    def run(self, name: str, params: Mapping[str, Any]) -> None:
+        for statement in statements(self.q[name]):
+            self.conn.execute(statement.encode("utf-8"), params)
+
+    def many(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
+        if params:
+            with self.conn.cursor() as cur:
+                cur.executemany(self.q[name], params)
 
 
 def _index_row(row: DictRow) -> RunRow:

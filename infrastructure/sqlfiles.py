@@ -25,6 +25,24 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
+def statements(script: str) -> list[str]:
+    """The statements of a script, split at semicolons that end a line (no statement of ours
+    has a semicolon inside a literal); comment-only lines are dropped."""
+    out: list[str] = []
+    buffer: list[str] = []
+    for line in script.splitlines():
+        if line.lstrip().startswith("--"):
+            continue
+        buffer.append(line)
+        if line.rstrip().endswith(";"):
+            out.append("\n".join(buffer).strip().rstrip(";").strip())
+            buffer = []
+    rest = "\n".join(buffer).strip()
+    if rest:
+        out.append(rest.rstrip(";").strip())
+    return [s for s in out if s]
+
+
 @cache
 def queries(backend: str) -> dict[str, str]:
     """The named queries of `backend` ("postgres" or "sqlite")."""

@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,9 +25,9 @@ from eventsourcing.sqlite import SQLiteDatastore
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
-from steptrail.domain.run import Run
+from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event
-from steptrail.infrastructure.sqlfiles import migrations, queries
+from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
@@ -36,7 +36,7 @@ from steptrail.infrastructure.store_base import (
     side_effects,
     state_params,
 )
-from steptrail.projections.run_index import RunRow
+from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -156,7 +156,7 @@ class SQLiteRunStore:
                 if number in done:
                     continue
                 # executescript would COMMIT our transaction; run statement by statement.
-                for statement in _statements(sql):
+                for statement in statements(sql):
                     cur.execute(statement)
                 cur.execute(self.q["record_migration"], {"version": number, "name": name, "at": at})
                 applied_now.append(f"{number:04d}_{name}")
@@ -303,26 +303,38 @@ class SQLiteRunStore:
             cur.execute(self.q["select_all_runs"])
             return [_index_row(r) for r in cur.fetchall()]
 
-    def iter_log(self) -> Iterator[tuple[UUID, RecordedEvent]]:
+    def iter_log(self) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         with self._read() as cur:
-            cur.execute(self.q["select_log"])
-            while batch := cur.fetchmany(2000):
-                for r in batch:
-                    run_id = UUID(r["run_id"])
-                    yield (
-                        run_id,
-                        RecordedEvent(
-                            run_id=run_id,
-                            version=r["version"],
-                            recorded_at=to_datetime(r["recorded_at"]) or datetime.now(UTC),
-                            event=decode_event(r["topic"], bytes(r["state"])),
-                        ),
-                    )
+            yield from self._log(cur)
 
-    def replace_index(self, rows: Sequence[RunRow]) -> None:
+    def _log(self, cur: sqlite3.Cursor) -> Iterator[tuple[UUID, RunEvent, datetime]]:
+        cur.execute(self.q["select_log"])
+        while batch := cur.fetchmany(2000):
+            for r in batch:
+                at = to_datetime(r["recorded_at"])
+                assert at is not None
+                yield UUID(r["run_id"]), decode_event(r["topic"], bytes(r["state"])), at
+
+    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
+        """Replace the run index with one folded from the log, under the write lock."""
+        count = 0
         with self._write() as (cur, _):
+            reader = cur.connection.cursor()
             cur.execute(self.q["delete_all_runs"])
-            cur.executemany(self.q["insert_row"], [self._row_params(r) for r in rows])
+            chunk: list[dict[str, Any]] = []
+            for row in rebuild_rows(self._log(reader)):
+                chunk.append(self._row_params(row))
+                count += 1
+                if len(chunk) >= 1000:
+                    cur.executemany(self.q["insert_row"], chunk)
+                    chunk = []
+                    if progress is not None:
+                        progress(count)
+            if chunk:
+                cur.executemany(self.q["insert_row"], chunk)
+        if progress is not None:
+            progress(count)
+        return count
 
     @staticmethod
     def _row_params(row: RunRow) -> dict[str, Any]:
@@ -340,6 +352,42 @@ class SQLiteRunStore:
     def store_now(self) -> datetime:
         return to_datetime(now_us()) or datetime.now(UTC)
 
+    # -- reporting views (the Dialect of reporting_store) ---------------------------------------
+
+    @contextmanager
+    def reporting_write(self) -> Iterator[_SqliteTx]:
+        with self._write() as (cur, _):
+            yield _SqliteTx(cur, self.q)
+
+    @contextmanager
+    def reporting_read(self) -> Iterator[_SqliteTx]:
+        with self._read() as cur:
+            yield _SqliteTx(cur, self.q)
+
+    @staticmethod
+    def db_id(value: UUID) -> Any:
+        return value.hex
+
+    @staticmethod
+    def db_ids(values: Sequence[UUID]) -> Any:
+        return json.dumps([v.hex for v in values])
+
+    @staticmethod
+    def db_time(value: datetime | None) -> Any:
+        return to_us(value)
+
+    @staticmethod
+    def py_time(value: Any) -> datetime | None:
+        return to_datetime(value)
+
+    @staticmethod
+    def db_json(value: Any) -> Any:
+        return json.dumps(value, separators=(",", ":"))
+
+    @staticmethod
+    def db_now() -> Any:
+        return now_us()
+
     # -- waking idle workers -------------------------------------------------------------------
 
     def _wake_if_queued(self, run: Run) -> None:
@@ -354,6 +402,25 @@ class SQLiteRunStore:
         self._woken.set()
 
 
+class _SqliteTx:
+    """Named queries on one cursor (inside an IMMEDIATE transaction when writing)."""
+
+    def __init__(self, cur: sqlite3.Cursor, q: dict[str, str]) -> None:
+        self.cur = cur
+        self.q = q
+
+    def all(self, name: str, params: Mapping[str, Any]) -> list[Any]:
+        return self.cur.execute(self.q[name], dict(params)).fetchall()
+
+    def run(self, name: str, params: Mapping[str, Any]) -> None:
+        for statement in statements(self.q[name]):
+            self.cur.execute(statement, dict(params))
+
+    def many(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
+        if params:
+            self.cur.executemany(self.q[name], [dict(p) for p in params])
+
+
 def _index_row(row: sqlite3.Row) -> RunRow:
     return RunRow(
         state=run_from_row(row).state,
@@ -362,20 +429,3 @@ def _index_row(row: sqlite3.Row) -> RunRow:
         lease_expires_at=to_datetime(row["lease_expires_at"]),
         available_at=to_datetime(row["available_at"]),
     )
-
-
-def _statements(script: str) -> list[str]:
-    """The statements of a migration script (no statement of ours contains a semicolon
-    inside a literal; sqlite3.complete_statement guards the split anyway)."""
-    out: list[str] = []
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        if line.lstrip().startswith("--"):
-            continue
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            out.append(buffer.strip())
-            buffer = ""
-    if buffer.strip():
-        out.append(buffer.strip())
-    return out

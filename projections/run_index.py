@@ -13,7 +13,7 @@ convert between the two.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -103,6 +103,21 @@ def rebuild_row(recorded: Iterable[tuple[RunEvent, datetime]]) -> RunRow | None:
         state = apply(row.state if row is not None else None, event)
         row = row_after(row, state, at)
     return row
+
+
+def rebuild_rows(log: Iterable[tuple[UUID, RunEvent, datetime]]) -> Iterator[RunRow]:
+    """Index rows from a log ordered by run, then version: one row per run, streamed."""
+    current: UUID | None = None
+    batch: list[tuple[RunEvent, datetime]] = []
+    for run_id, event, at in log:
+        if run_id != current and batch:
+            if (row := rebuild_row(batch)) is not None:
+                yield row
+            batch = []
+        current = run_id
+        batch.append((event, at))
+    if batch and (row := rebuild_row(batch)) is not None:
+        yield row
 
 
 def normalise(row: RunRow) -> RunRow:

@@ -20,6 +20,8 @@ from uuid import UUID
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from steptrail.domain.enums import RunStatus, TerminationReason
 from steptrail.domain.errors import (
@@ -32,7 +34,7 @@ from steptrail.domain.errors import (
 from steptrail.infrastructure.factory import SchemaMissing
 from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
-from steptrail.render import event_dict, print_run, row_dict, runs_table
+from steptrail.render import event_dict, print_run, row_dict, runs_table, trail_table
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
 from steptrail.workers.decisions import CorruptResumableState
 from steptrail.workers.registry import App, UnknownAgent
@@ -201,6 +203,12 @@ def work(
             "(runs waiting on a retry delay are left for later).",
         ),
     ] = False,
+    views: Annotated[
+        bool,
+        typer.Option(
+            "--views/--no-views", help="Also keep the reporting views up to date meanwhile."
+        ),
+    ] = True,
 ) -> None:
     """Claim and execute queued runs until interrupted. The first Ctrl-C / SIGTERM stops
     claiming and lets runs in flight finish; a second one exits at once (the reaper then
@@ -208,7 +216,23 @@ def work(
     with runtime(ctx) as rt:
         worker = rt.worker(concurrency=concurrency, burst=burst)
         _stop_on_signals(worker.stop)
-        report = worker.run()
+        stop_views = threading.Event()
+        projector = threading.Thread(
+            target=rt.projector().run_forever,
+            args=(rt.settings.poll_interval, stop_views),
+            name="steptrail-views",
+            daemon=True,
+        )
+        if views:
+            projector.start()
+        try:
+            report = worker.run()
+        finally:
+            stop_views.set()
+            if views:
+                projector.join(timeout=10)
+        if views and burst:
+            rt.project()
         out.print(json.dumps(report.as_dict()))
 
 
@@ -409,24 +433,189 @@ def reap(
         reaper.reap_every(every, limit=limit, stop=stop, on_report=report)
 
 
-@cli.command("verify-index")
-def verify_index(ctx: typer.Context) -> None:
-    """Rebuild the run index from the log in memory and report any difference (exit 1)."""
+@cli.command()
+def verify(ctx: typer.Context) -> None:
+    """Rebuild every view from the log into a scratch copy and report any difference from
+    the live views (exit 1 on drift)."""
     with runtime(ctx) as rt:
-        problems = rt.verify_index()
+        problems = rt.verify()
         for problem in problems:
             out.print(problem)
-        out.print(f"{len(problems)} difference(s)")
+        out.print(f"{len(problems)} difference(s) between the live views and the log")
         if problems:
             raise typer.Exit(1)
 
 
-@cli.command("rebuild-index")
-def rebuild_index(ctx: typer.Context) -> None:
-    """Drop the run index and rebuild it from the event log."""
+@cli.command()
+def rebuild(
+    ctx: typer.Context,
+    view: Annotated[
+        str, typer.Argument(help="run-index, reporting (summaries, counts, dead letters) or all.")
+    ] = "all",
+) -> None:
+    """Drop views and rebuild them from the event log, with a progress bar. Rebuilding the
+    run index pauses writers for its duration."""
+    with (
+        runtime(ctx) as rt,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar,
+    ):
+        tasks: dict[str, Any] = {}
+
+        def progress(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                unit = "runs" if name == "run-index" else "events"
+                tasks[name] = bar.add_task(f"{name} ({unit})", total=total or None)
+            bar.update(tasks[name], completed=done, total=max(total, done) or None)
+
+        try:
+            done = rt.rebuild(view, progress=progress)
+        except ValueError as error:
+            fail(str(error), 2)
+    for name, count in done.items():
+        out.print(f"rebuilt {name}: {count} {'runs' if name == 'run-index' else 'events'}")
+
+
+@cli.command()
+def project(
+    ctx: typer.Context,
+    every: Annotated[
+        float | None,
+        typer.Option(
+            "--every",
+            min=0.05,
+            metavar="SECONDS",
+            help="Keep the views up to date, looking every SECONDS.",
+        ),
+    ] = None,
+) -> None:
+    """Bring the reporting views up to the log (workers also do this in the background)."""
     with runtime(ctx) as rt:
-        count = rt.rebuild_index()
-        out.print(f"rebuilt {count} run(s)")
+        if every is None:
+            out.print(f"projected {rt.project()} event(s)")
+            return
+        stop = threading.Event()
+        _stop_on_signals(stop.set)
+        rt.projector().run_forever(every, stop)
+
+
+@cli.command()
+def stats(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Counts by agent and status, and by reason; the oldest queued run's age and the number
+    of expired leases (from the live run index)."""
+    with runtime(ctx) as rt:
+        rt.project()
+        views = rt.views
+        counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
+    oldest = (
+        (health.now - health.oldest_queued_at).total_seconds()
+        if health.oldest_queued_at is not None
+        else None
+    )
+    if as_json:
+        emit_json(
+            {
+                "by_status": [
+                    {"agent": a, "status": s, "count": n} for (a, s), n in counts.items()
+                ],
+                "by_reason": [
+                    {"status": s, "reason": r, "count": n} for (s, r), n in reasons.items()
+                ],
+                "oldest_queued_age_seconds": oldest,
+                "stale_leases": health.stale_leases,
+            }
+        )
+        return
+    table = Table(title="Runs by agent and status")
+    for column in ("agent", "status", "count"):
+        table.add_column(column)
+    for (agent, status), n in counts.items():
+        table.add_row(agent, status, str(n))
+    out.print(table)
+    by_reason = Table(title="Ended runs by reason")
+    for column in ("status", "reason", "count"):
+        by_reason.add_column(column)
+    for (status, reason), n in reasons.items():
+        by_reason.add_row(status, reason, str(n))
+    out.print(by_reason)
+    out.print(f"oldest queued run: {f'{oldest:.1f} s' if oldest is not None else 'none queued'}")
+    out.print(f"expired leases (stale runs awaiting the reaper): {health.stale_leases}")
+
+
+@cli.command("dead-letters")
+def dead_letters(
+    ctx: typer.Context,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Dead-lettered runs, newest first: reason, failure class, requeues, when."""
+    with runtime(ctx) as rt:
+        rt.project()
+        rows = rt.views.dead_letters(limit=limit, agent=agent)
+    if as_json:
+        emit_json(
+            [
+                {
+                    **vars(r),
+                    "run_id": str(r.run_id),
+                    "dead_lettered_at": r.dead_lettered_at.isoformat(),
+                }
+                for r in rows
+            ]
+        )
+        return
+    table = Table(title="Dead letters")
+    for column in ("run", "agent", "reason", "cause", "failure", "requeues", "when"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(
+            str(r.run_id),
+            r.agent,
+            r.reason,
+            r.cause,
+            f"{r.failure_class or '-'} ({r.error_type or '-'})",
+            str(r.requeue_count),
+            r.dead_lettered_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    out.print(table)
+
+
+@cli.command()
+def audit(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    at: Annotated[int, typer.Option("--at", min=1, help="The version to look at.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A run's state as of any version, replayed from its log, and the events up to it."""
+    rid = parse_run_id(run_id)
+    with runtime(ctx) as rt:
+        try:
+            state, events = rt.audit(rid, at)
+        except ValueError as error:
+            fail(str(error), 2)
+    if as_json:
+        emit_json(
+            {"state": state.model_dump(mode="json"), "events": [event_dict(e) for e in events]}
+        )
+        return
+    table = Table(title=f"Run {rid} at version {at}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in state.model_dump(mode="json").items():
+        table.add_row(key, str(value))
+    out.print(table)
+    out.print(trail_table(events))
 
 
 @cli.command()
@@ -439,7 +628,7 @@ def demo(
     from steptrail.demo import run_demo
 
     with runtime(
-        ctx, lease_seconds=1.0, retry_base_seconds=0.2, poll_interval=0.05, log_level="warning"
+        ctx, lease_seconds=1.0, retry_base_seconds=0.2, poll_interval=0.05, log_level="error"
     ) as rt:
         run_demo(rt, out, plain_runs=runs)
 

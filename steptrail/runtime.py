@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 from uuid import UUID, uuid4
@@ -20,15 +22,23 @@ from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
 from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run
+from steptrail.domain.run import Run, RunState, fold
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.postgres import PostgresRunStore
+from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlite import SQLiteRunStore
-from steptrail.projections.run_index import RunRow, normalise, rebuild_row
+from steptrail.projections.reporting import (
+    DeadLetterRow,
+    RunSummary,
+    counts_from,
+    fold_batch,
+)
+from steptrail.projections.run_index import RunRow, normalise, rebuild_rows
 from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
 from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
 from steptrail.workers.lease import LeaseKeeper
+from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
 from steptrail.workers.registry import App
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
@@ -273,40 +283,91 @@ class Runtime:
             raise UnknownRun(f"no run {run_id}")
         return events
 
-    def rebuild_index(self) -> int:
-        """Drop the run index and rebuild it from the log; returns the number of runs."""
-        rows = list(self._rebuilt_rows())
-        self.store.replace_index(rows)
-        return len(rows)
+    # -- views, audit ----------------------------------------------------------------------------
+
+    @property
+    def views(self) -> ReportingStore:
+        """The reporting views (run summaries, status counts, dead letters)."""
+        return ReportingStore(self.store)
+
+    def project(self, *, batch: int = 1000) -> int:
+        """Bring the reporting views up to the log's head now; returns events folded."""
+        return self.views.catch_up(batch=batch)
+
+    def projector(self) -> Projector:
+        return Projector(self.views, log=self.log)
+
+    def audit(self, run_id: UUID, at_version: int) -> tuple[RunState, list[RecordedEvent]]:
+        """The run's state as of `at_version`, and the events that led there.
+
+        Raises:
+            UnknownRun; ValueError when the run has no such version.
+        """
+        events = self.history(run_id)
+        if not 1 <= at_version <= len(events):
+            raise ValueError(f"run {run_id} has versions 1 to {len(events)}, not {at_version}")
+        upto = events[:at_version]
+        state = fold(e.event for e in upto)
+        assert state is not None
+        return state, upto
+
+    def rebuild(
+        self, view: str = "all", *, progress: Callable[[str, int, int], None] | None = None
+    ) -> dict[str, int]:
+        """Drop and rebuild views from the log: `run-index`, `reporting` or `all`.
+
+        The run index is rebuilt in one transaction holding the log lock (writers pause);
+        the reporting views are emptied and refolded batch by batch.
+        """
+        if view not in REBUILDABLE:
+            raise ValueError(f"unknown view {view!r}; choose from {', '.join(REBUILDABLE)}")
+        done: dict[str, int] = {}
+        if view in ("run-index", "all"):
+            head = self.views.head()
+            done["run-index"] = self.store.rebuild_index(
+                (lambda n: progress("run-index", n, head)) if progress else None
+            )
+        if view in ("reporting", "all"):
+            done["reporting"] = self.views.rebuild(
+                progress=(lambda pos, head: progress("reporting", pos, head)) if progress else None
+            )
+        return done
+
+    def verify(self) -> list[str]:
+        """Rebuild every view in memory from the log and list how the live ones differ."""
+        return self.verify_index() + self.verify_views()
 
     def verify_index(self) -> list[str]:
-        """Differences between the live run index and one rebuilt from the log (empty: none)."""
+        """Differences between the live run index and one rebuilt from the log."""
         live = {r.run_id: normalise(r) for r in self.store.all_rows()}
-        rebuilt = {r.run_id: normalise(r) for r in self._rebuilt_rows()}
-        problems = [f"{i}: in the index but not in the log" for i in live.keys() - rebuilt]
-        problems += [f"{i}: in the log but not in the index" for i in rebuilt.keys() - live]
-        for run_id in live.keys() & rebuilt.keys():
-            if live[run_id] != rebuilt[run_id]:
-                problems.append(f"{run_id}: live {live[run_id]} != rebuilt {rebuilt[run_id]}")
-        return sorted(problems)
+        rebuilt = {
+            r.run_id: normalise(r)
+            for r in rebuild_rows((i, e, at) for i, e, at in self.store.iter_log())
+        }
+        return _differences("run index", live, rebuilt)
 
-    # -- internals -----------------------------------------------------------------------------
-
-    def _rebuilt_rows(self) -> list[RunRow]:
-        rows: list[RunRow] = []
-        current: UUID | None = None
-        batch: list[tuple[Any, Any]] = []
-        for run_id, recorded in self.store.iter_log():
-            if run_id != current and batch:
-                row = rebuild_row(batch)
-                if row is not None:
-                    rows.append(row)
-                batch = []
-            current = run_id
-            batch.append((recorded.event, recorded.recorded_at))
-        if batch and (row := rebuild_row(batch)) is not None:
-            rows.append(row)
-        return rows
+    def verify_views(self) -> list[str]:
+        """Differences between the live reporting views and a fold of the log up to the same
+        position (a scratch copy in memory)."""
+        views = self.views
+        for _ in range(5):
+            position = views.position()
+            live = {s.run_id: _utc_summary(s) for s in views.summaries()}
+            counts = views.status_counts()
+            dead = {d.run_id: _utc_dead(d) for d in views.all_dead_letters()}
+            if views.position() == position:
+                break
+        scratch = fold_batch({}, views.notifications(after=0, upto=position))
+        problems = _differences(
+            "run summaries", live, {k: _utc_summary(v) for k, v in scratch.summaries.items()}
+        )
+        expected = {k: v for k, v in counts_from(scratch.summaries.values()).items() if v}
+        if counts != expected:
+            problems.append(f"status counts: live {counts} != rebuilt {expected}")
+        problems += _differences(
+            "dead letters", dead, {d.run_id: _utc_dead(d) for d in scratch.dead_letters}
+        )
+        return problems
 
     def _request_body(self, agent: str, request: Mapping[str, Any] | None) -> bytes:
         spec = self.app.get(agent)
@@ -335,6 +396,34 @@ class Runtime:
         return Executor(
             self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
         )
+
+
+REBUILDABLE = ("all", "run-index", "reporting")
+
+
+def _differences(what: str, live: Mapping[Any, Any], rebuilt: Mapping[Any, Any]) -> list[str]:
+    problems = [f"{what} {k}: live but not in the log" for k in live.keys() - rebuilt.keys()]
+    problems += [f"{what} {k}: in the log but not live" for k in rebuilt.keys() - live.keys()]
+    problems += [
+        f"{what} {k}: live {live[k]} != rebuilt {rebuilt[k]}"
+        for k in live.keys() & rebuilt.keys()
+        if live[k] != rebuilt[k]
+    ]
+    return sorted(problems)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.astimezone(UTC) if value is not None else None
+
+
+def _utc_summary(s: RunSummary) -> RunSummary:
+    return replace(
+        s, created_at=_utc(s.created_at), updated_at=_utc(s.updated_at), ended_at=_utc(s.ended_at)
+    )
+
+
+def _utc_dead(d: DeadLetterRow) -> DeadLetterRow:
+    return replace(d, dead_lettered_at=_utc(d.dead_lettered_at) or d.dead_lettered_at)
 
 
 def open_runtime(

@@ -24,7 +24,26 @@ def test_help__every_command_explains_itself(sqlite_url: str) -> None:
     """`--help` works for the tool and for each command."""
     top = steptrail("--help", url=sqlite_url)
     assert top.returncode == 0
-    for command in ("work", "enqueue", "show", "cancel", "reap", "demo", "migrate"):
+    commands = (
+        "work",
+        "enqueue",
+        "show",
+        "cancel",
+        "reap",
+        "demo",
+        "migrate",
+        "runs",
+        "approve",
+        "deny",
+        "input",
+        "stats",
+        "dead-letters",
+        "audit",
+        "rebuild",
+        "verify",
+        "project",
+    )
+    for command in commands:
         assert command in top.stdout
         sub = steptrail(command, "--help", url=sqlite_url)
         assert sub.returncode == 0, sub.stderr
@@ -178,3 +197,38 @@ def test_input__invalid_values_exit_2(db_url: str) -> None:
     assert "account" in bad.stderr
     good = steptrail("input", run_id, "--by", "a", "--values", '{"account": "x"}', url=db_url)
     assert good.returncode == 0, good.stderr
+
+
+def test_views__stats_dead_letters_verify_rebuild_audit(db_url: str) -> None:
+    """The reporting commands answer from the views, rebuild them, and catch drift."""
+    steptrail("enqueue", "scripted", "-r", '{"steps": 1}', url=db_url)
+    dead = steptrail(
+        "enqueue", "scripted", "-r", '{"fail": {"class": "auth", "at": 1}}', url=db_url
+    ).stdout.strip()
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    stats = json.loads(steptrail("stats", "--json", url=db_url).stdout)
+    assert {(r["status"], r["count"]) for r in stats["by_status"]} == {
+        ("completed", 1),
+        ("failed", 1),
+    }
+    assert stats["stale_leases"] == 0
+    letters = json.loads(steptrail("dead-letters", "--json", url=db_url).stdout)
+    assert [(d["run_id"], d["reason"]) for d in letters] == [(dead, "not_retryable")]
+    assert steptrail("verify", url=db_url).returncode == 0
+    rebuilt = steptrail("rebuild", url=db_url)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "rebuilt run-index: 2 runs" in rebuilt.stdout
+    assert steptrail("rebuild", "nope", url=db_url).returncode == 2
+    audit = json.loads(steptrail("audit", dead, "--at", "2", "--json", url=db_url).stdout)
+    assert audit["state"]["status"] == "running"
+    assert [e["event"] for e in audit["events"]] == ["Queued", "Claimed"]
+    assert steptrail("audit", dead, "--at", "99", url=db_url).returncode == 2
+    store = open_store(db_url)
+    try:
+        with store.reporting_write() as tx:  # type: ignore[union-attr]
+            tx.run("add_status_count", {"agent": "scripted", "status": "completed", "delta": 5})
+    finally:
+        store.close()
+    drift = steptrail("verify", url=db_url)
+    assert drift.returncode == 1
+    assert "status counts" in drift.stdout

@@ -197,3 +197,101 @@ SELECT now() AS now;
 
 -- name: listen_queued
 LISTEN steptrail_queued;
+
+-- name: init_tracking
+INSERT INTO steptrail_tracking (projection, position) VALUES (%(projection)s, 0)
+ON CONFLICT (projection) DO NOTHING;
+
+-- name: lock_tracking
+-- One runner at a time per projection: the row lock is held until the batch commits, and a
+-- second runner then reads the position the first one left (no event processed twice).
+SELECT position FROM steptrail_tracking WHERE projection = %(projection)s FOR UPDATE;
+
+-- name: select_tracking
+SELECT position FROM steptrail_tracking WHERE projection = %(projection)s;
+
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = %(position)s WHERE projection = %(projection)s;
+
+-- name: select_notifications
+-- Notification ids are issued in commit order (lock_events), so everything below the highest
+-- id a reader sees is already visible: a gap is a rolled-back or purged id, never a late one.
+SELECT notification_id, originator_id AS run_id, originator_version AS version, recorded_at,
+       topic, state
+FROM steptrail_events
+WHERE notification_id > %(after)s
+ORDER BY notification_id
+LIMIT %(limit)s;
+
+-- name: max_notification_id
+SELECT coalesce(max(notification_id), 0) AS head FROM steptrail_events;
+
+-- name: select_summaries
+SELECT * FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
+
+-- name: upsert_summary
+INSERT INTO steptrail_view_run_summaries (
+    run_id, agent, status, reason, state, steps, step_ms, suspensions,
+    created_at, updated_at, ended_at
+) VALUES (
+    %(run_id)s, %(agent)s, %(status)s, %(reason)s, %(state)s, %(steps)s, %(step_ms)s,
+    %(suspensions)s, %(created_at)s, %(updated_at)s, %(ended_at)s
+)
+ON CONFLICT (run_id) DO UPDATE SET
+    agent = EXCLUDED.agent, status = EXCLUDED.status, reason = EXCLUDED.reason,
+    state = EXCLUDED.state, steps = EXCLUDED.steps, step_ms = EXCLUDED.step_ms,
+    suspensions = EXCLUDED.suspensions, created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at, ended_at = EXCLUDED.ended_at;
+
+-- name: add_status_count
+INSERT INTO steptrail_view_status_counts (agent, status, count)
+VALUES (%(agent)s, %(status)s, %(delta)s)
+ON CONFLICT (agent, status) DO UPDATE
+SET count = steptrail_view_status_counts.count + EXCLUDED.count;
+
+-- name: upsert_dead_letter
+INSERT INTO steptrail_view_dead_letters (
+    run_id, agent, reason, cause, failure_class, error_type, requeue_count, dead_lettered_at
+) VALUES (
+    %(run_id)s, %(agent)s, %(reason)s, %(cause)s, %(failure_class)s, %(error_type)s,
+    %(requeue_count)s, %(dead_lettered_at)s
+)
+ON CONFLICT (run_id) DO UPDATE SET
+    reason = EXCLUDED.reason, cause = EXCLUDED.cause, failure_class = EXCLUDED.failure_class,
+    error_type = EXCLUDED.error_type, requeue_count = EXCLUDED.requeue_count,
+    dead_lettered_at = EXCLUDED.dead_lettered_at;
+
+-- name: clear_views
+-- Emptying every reporting view and rewinding the runner, in one transaction (a rebuild).
+DELETE FROM steptrail_view_run_summaries;
+DELETE FROM steptrail_view_status_counts;
+DELETE FROM steptrail_view_dead_letters;
+UPDATE steptrail_tracking SET position = 0 WHERE projection = %(projection)s;
+
+-- name: select_status_counts
+SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
+ORDER BY agent, status;
+
+-- name: select_reason_counts
+SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
+WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
+
+-- name: select_dead_letters
+SELECT * FROM steptrail_view_dead_letters
+WHERE (%(agent)s::text IS NULL OR agent = %(agent)s)
+ORDER BY dead_lettered_at DESC, run_id
+LIMIT %(limit)s;
+
+-- name: select_all_summaries
+SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
+
+-- name: select_all_dead_letters
+SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
+
+-- name: queue_health
+-- Live figures from the run index (not a view): the oldest queued run and expired leases.
+SELECT
+    (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
+    (SELECT count(*) FROM steptrail_runs
+     WHERE status = 'running' AND lease_expires_at < now()) AS stale_leases,
+    now() AS now;

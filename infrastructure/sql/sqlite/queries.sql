@@ -144,3 +144,98 @@ SELECT :now AS now;
 -- name: listen_queued
 -- SQLite has no LISTEN; see notify_queued.
 SELECT 1;
+
+-- name: init_tracking
+INSERT INTO steptrail_tracking (projection, position) VALUES (:projection, 0)
+ON CONFLICT (projection) DO NOTHING;
+
+-- name: lock_tracking
+-- SQLite: the IMMEDIATE transaction already excludes other runners.
+SELECT position FROM steptrail_tracking WHERE projection = :projection;
+
+-- name: select_tracking
+SELECT position FROM steptrail_tracking WHERE projection = :projection;
+
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = :position WHERE projection = :projection;
+
+-- name: select_notifications
+-- SQLite writers are serialised, so ids commit in order; AUTOINCREMENT never reuses one.
+SELECT notification_id, originator_id AS run_id, originator_version AS version, recorded_at,
+       topic, state
+FROM steptrail_events
+WHERE notification_id > :after
+ORDER BY notification_id
+LIMIT :limit;
+
+-- name: max_notification_id
+SELECT coalesce(max(notification_id), 0) AS head FROM steptrail_events;
+
+-- name: select_summaries
+SELECT * FROM steptrail_view_run_summaries
+WHERE run_id IN (SELECT value FROM json_each(:ids));
+
+-- name: upsert_summary
+INSERT INTO steptrail_view_run_summaries (
+    run_id, agent, status, reason, state, steps, step_ms, suspensions,
+    created_at, updated_at, ended_at
+) VALUES (
+    :run_id, :agent, :status, :reason, :state, :steps, :step_ms, :suspensions,
+    :created_at, :updated_at, :ended_at
+)
+ON CONFLICT (run_id) DO UPDATE SET
+    agent = excluded.agent, status = excluded.status, reason = excluded.reason,
+    state = excluded.state, steps = excluded.steps, step_ms = excluded.step_ms,
+    suspensions = excluded.suspensions, created_at = excluded.created_at,
+    updated_at = excluded.updated_at, ended_at = excluded.ended_at;
+
+-- name: add_status_count
+INSERT INTO steptrail_view_status_counts (agent, status, count)
+VALUES (:agent, :status, :delta)
+ON CONFLICT (agent, status) DO UPDATE
+SET count = steptrail_view_status_counts.count + excluded.count;
+
+-- name: upsert_dead_letter
+INSERT INTO steptrail_view_dead_letters (
+    run_id, agent, reason, cause, failure_class, error_type, requeue_count, dead_lettered_at
+) VALUES (
+    :run_id, :agent, :reason, :cause, :failure_class, :error_type, :requeue_count,
+    :dead_lettered_at
+)
+ON CONFLICT (run_id) DO UPDATE SET
+    reason = excluded.reason, cause = excluded.cause, failure_class = excluded.failure_class,
+    error_type = excluded.error_type, requeue_count = excluded.requeue_count,
+    dead_lettered_at = excluded.dead_lettered_at;
+
+-- name: clear_views
+DELETE FROM steptrail_view_run_summaries;
+DELETE FROM steptrail_view_status_counts;
+DELETE FROM steptrail_view_dead_letters;
+UPDATE steptrail_tracking SET position = 0 WHERE projection = :projection;
+
+-- name: select_status_counts
+SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
+ORDER BY agent, status;
+
+-- name: select_reason_counts
+SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
+WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
+
+-- name: select_dead_letters
+SELECT * FROM steptrail_view_dead_letters
+WHERE (:agent IS NULL OR agent = :agent)
+ORDER BY dead_lettered_at DESC, run_id
+LIMIT :limit;
+
+-- name: select_all_summaries
+SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
+
+-- name: select_all_dead_letters
+SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
+
+-- name: queue_health
+SELECT
+    (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
+    (SELECT count(*) FROM steptrail_runs
+     WHERE status = 'running' AND lease_expires_at < :now) AS stale_leases,
+    :now AS now;

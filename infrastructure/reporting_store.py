@@ -1,0 +1,267 @@
+"""Where the reporting views live, and the tracked batch that maintains them.
+
+`process_batch` is the exactly-once unit: in one transaction it takes the runner's tracking
+row (locked on PostgreSQL, so a second runner waits and then starts where the first
+stopped), reads the next notifications, folds them with `projections.reporting.fold_batch`,
+writes the view changes and moves the position. A crash anywhere before the commit leaves
+both untouched; the batch is simply done again.
+
+The two backends differ only in how ids, instants and JSON are stored; each store provides a
+`Dialect` for that, and this module holds the logic once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+from steptrail.domain.run import RunState
+from steptrail.infrastructure.codec import decode_event
+from steptrail.projections.reporting import (
+    DeadLetterRow,
+    Notification,
+    RunSummary,
+    fold_batch,
+)
+
+PROJECTION = "reporting"
+
+
+class Tx(Protocol):
+    """A transaction (or read) that runs named queries."""
+
+    def all(self, name: str, params: Mapping[str, Any]) -> list[Any]: ...
+    def run(self, name: str, params: Mapping[str, Any]) -> None: ...
+    def many(self, name: str, params: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+class Dialect(Protocol):
+    """How a backend runs named queries and stores ids, instants and JSON."""
+
+    def reporting_write(self) -> AbstractContextManager[Tx]: ...
+    def reporting_read(self) -> AbstractContextManager[Tx]: ...
+    def db_id(self, value: UUID) -> Any: ...
+    def db_ids(self, values: Sequence[UUID]) -> Any: ...
+    def db_time(self, value: datetime | None) -> Any: ...
+    def py_time(self, value: Any) -> datetime | None: ...
+    def db_json(self, value: Any) -> Any: ...
+    def db_now(self) -> Any:
+        """The store's clock as a query parameter (None where SQL reads it itself)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Health:
+    """Live queue figures from the run index."""
+
+    oldest_queued_at: datetime | None
+    stale_leases: int
+    now: datetime
+
+
+class ReportingStore:
+    """The reporting views of one database (see the module docstring)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
+
+    # -- maintaining ---------------------------------------------------------------------------
+
+    def process_batch(self, limit: int = 1000) -> tuple[int, int]:
+        """Fold the next `limit` notifications into the views, exactly once.
+
+        Returns (notifications consumed, position reached).
+        """
+        with self.d.reporting_write() as tx:
+            tx.run("init_tracking", {"projection": PROJECTION})
+            (row,) = tx.all("lock_tracking", {"projection": PROJECTION})
+            position = int(row["position"])
+            notes = [
+                self._notification(r)
+                for r in tx.all("select_notifications", {"after": position, "limit": limit})
+            ]
+            if not notes:
+                return 0, position
+            ids = sorted({n.run_id for n in notes})
+            previous = {
+                s.run_id: s
+                for s in map(self._summary, tx.all("select_summaries", {"ids": self.d.db_ids(ids)}))
+            }
+            result = fold_batch(previous, notes)
+            tx.many("upsert_summary", [self._summary_params(s) for s in result.summaries.values()])
+            tx.many(
+                "add_status_count",
+                [
+                    {"agent": agent, "status": status, "delta": delta}
+                    for (agent, status), delta in sorted(result.counts.items())
+                    if delta
+                ],
+            )
+            tx.many(
+                "upsert_dead_letter", [self._dead_letter_params(d) for d in result.dead_letters]
+            )
+            tx.run("update_tracking", {"projection": PROJECTION, "position": result.position})
+            return len(notes), result.position
+
+    def catch_up(
+        self, *, batch: int = 1000, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Process batches until the views reach the log's head; returns events consumed."""
+        total = 0
+        while True:
+            consumed, position = self.process_batch(batch)
+            total += consumed
+            if progress is not None:
+                progress(position, self.head())
+            if consumed < batch:
+                return total
+
+    def rebuild(
+        self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Empty the views, rewind the runner, and fold the whole log again."""
+        with self.d.reporting_write() as tx:
+            tx.run("init_tracking", {"projection": PROJECTION})
+            tx.all("lock_tracking", {"projection": PROJECTION})
+            tx.run("clear_views", {"projection": PROJECTION})
+        return self.catch_up(batch=batch, progress=progress)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def position(self) -> int:
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_tracking", {"projection": PROJECTION})
+        return int(rows[0]["position"]) if rows else 0
+
+    def head(self) -> int:
+        with self.d.reporting_read() as tx:
+            return int(tx.all("max_notification_id", {})[0]["head"])
+
+    def status_counts(self) -> dict[tuple[str, str], int]:
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_status_counts", {})
+        return {(r["agent"], r["status"]): int(r["count"]) for r in rows}
+
+    def reason_counts(self) -> dict[tuple[str, str], int]:
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_reason_counts", {})
+        return {(r["status"], r["reason"]): int(r["count"]) for r in rows}
+
+    def dead_letters(self, *, limit: int = 50, agent: str | None = None) -> list[DeadLetterRow]:
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_dead_letters", {"limit": limit, "agent": agent})
+        return [self._dead_letter(r) for r in rows]
+
+    def summaries(self) -> list[RunSummary]:
+        with self.d.reporting_read() as tx:
+            return [self._summary(r) for r in tx.all("select_all_summaries", {})]
+
+    def summary(self, run_id: UUID) -> RunSummary | None:
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_summaries", {"ids": self.d.db_ids([run_id])})
+        return self._summary(rows[0]) if rows else None
+
+    def all_dead_letters(self) -> list[DeadLetterRow]:
+        with self.d.reporting_read() as tx:
+            return [self._dead_letter(r) for r in tx.all("select_all_dead_letters", {})]
+
+    def notifications(
+        self, *, after: int = 0, upto: int, batch: int = 5000
+    ) -> Iterator[Notification]:
+        """The log from `after` (exclusive) to `upto` (inclusive), in order."""
+        position = after
+        while position < upto:
+            with self.d.reporting_read() as tx:
+                rows = tx.all("select_notifications", {"after": position, "limit": batch})
+            notes = [self._notification(r) for r in rows if r["notification_id"] <= upto]
+            if not notes:
+                return
+            yield from notes
+            position = notes[-1].notification_id
+
+    def health(self) -> Health:
+        with self.d.reporting_read() as tx:
+            (row,) = tx.all("queue_health", {"now": self.d.db_now()})
+        now = self.d.py_time(row["now"])
+        assert now is not None
+        return Health(
+            oldest_queued_at=self.d.py_time(row["oldest_queued_at"]),
+            stale_leases=int(row["stale_leases"]),
+            now=now,
+        )
+
+    # -- rows ----------------------------------------------------------------------------------
+
+    def _notification(self, row: Any) -> Notification:
+        at = self.d.py_time(row["recorded_at"])
+        assert at is not None
+        run_id = row["run_id"]
+        return Notification(
+            notification_id=int(row["notification_id"]),
+            run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
+            version=int(row["version"]),
+            recorded_at=at,
+            event=decode_event(row["topic"], bytes(row["state"])),
+        )
+
+    def _summary(self, row: Any) -> RunSummary:
+        state = row["state"]
+        if isinstance(state, (str, bytes)):
+            state = json.loads(state)
+        return RunSummary(
+            state=RunState.model_validate(state),
+            steps=int(row["steps"]),
+            step_ms=int(row["step_ms"]),
+            suspensions=int(row["suspensions"]),
+            created_at=self.d.py_time(row["created_at"]),
+            updated_at=self.d.py_time(row["updated_at"]),
+            ended_at=self.d.py_time(row["ended_at"]),
+        )
+
+    def _summary_params(self, s: RunSummary) -> dict[str, Any]:
+        state = s.state
+        return {
+            "run_id": self.d.db_id(state.run_id),
+            "agent": state.agent,
+            "status": state.status.value,
+            "reason": state.reason.value if state.reason else None,
+            "state": self.d.db_json(state.model_dump(mode="json")),
+            "steps": s.steps,
+            "step_ms": s.step_ms,
+            "suspensions": s.suspensions,
+            "created_at": self.d.db_time(s.created_at),
+            "updated_at": self.d.db_time(s.updated_at),
+            "ended_at": self.d.db_time(s.ended_at),
+        }
+
+    def _dead_letter(self, row: Any) -> DeadLetterRow:
+        run_id = row["run_id"]
+        at = self.d.py_time(row["dead_lettered_at"])
+        assert at is not None
+        return DeadLetterRow(
+            run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
+            agent=row["agent"],
+            reason=row["reason"],
+            cause=row["cause"],
+            failure_class=row["failure_class"],
+            error_type=row["error_type"],
+            requeue_count=int(row["requeue_count"]),
+            dead_lettered_at=at,
+        )
+
+    def _dead_letter_params(self, d: DeadLetterRow) -> dict[str, Any]:
+        return {
+            "run_id": self.d.db_id(d.run_id),
+            "agent": d.agent,
+            "reason": d.reason,
+            "cause": d.cause,
+            "failure_class": d.failure_class,
+            "error_type": d.error_type,
+            "requeue_count": d.requeue_count,
+            "dead_lettered_at": self.d.db_time(d.dead_lettered_at),
+        }
