@@ -26,6 +26,7 @@ from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
+from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
@@ -94,6 +95,10 @@ class PostgresRunStore:
         try:
             with self.datastore.pool.connection() as conn:
                 yield conn
+        except psycopg.errors.ForeignKeyViolation as e:
+            if e.diag.constraint_name == "steptrail_events_run_fk":
+                raise VersionConflict("the run no longer exists (purged)") from e
+            raise
         except psycopg.errors.UniqueViolation as e:
             # Only the log's primary key is a fence; any other unique violation is a bug
             # (or a taken idempotency key, which insert_run handles without raising).
@@ -333,6 +338,43 @@ class PostgresRunStore:
     def _one(self, name: str, params: dict[str, Any]) -> DictRow | None:
         with self._connection() as conn:
             return conn.execute(self.q[name], params, prepare=True).fetchone()
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
+        row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
+        return int(row["n"]) if row is not None else 0
+
+    def purge_batch(
+        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+    ) -> list[UUID]:
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction.
+
+        Holds the log lock (no writer may change the set meanwhile) and the reporting
+        runner's tracking row (no batch may fold a run half-purged); both are held for one
+        small batch only, so live workers wait milliseconds, not the whole purge.
+        """
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_events"])
+            conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
+            conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
+            rows = conn.execute(
+                self.q["select_purgeable"],
+                {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
+            ).fetchall()
+            ids = [r["run_id"] for r in rows]
+            if ids:
+                params = {"ids": ids, "category": category}
+                for statement in statements(self.q["purge_runs"]):
+                    conn.execute(statement.encode("utf-8"), params)
+        return ids
+
+    def after_purge(self) -> None:
+        """Nothing to do: PostgreSQL reclaims deleted rows with (auto)vacuum."""
+
+    def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
+        row = self._one("select_tombstone", {"run_id": run_id})
+        return (row["category"], row["purged_at"]) if row is not None else None
 
     # -- reporting views (the Dialect of reporting_store) ---------------------------------------
 

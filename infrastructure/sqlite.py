@@ -111,13 +111,17 @@ class SQLiteRunStore:
     # -- plumbing ------------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
+    def _write(self, *, secure_delete: bool = False) -> Iterator[tuple[sqlite3.Cursor, int]]:
         """A cursor in an IMMEDIATE transaction, and the store's clock read inside it."""
         try:
             with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
                 # synchronous=NORMAL in WAL mode: a commit survives the process being killed
                 # (what a worker crash is); only an OS crash may lose the latest commits.
                 cur.execute("PRAGMA synchronous=NORMAL")
+                # Events must belong to a run in the index (migration 0003); SQLite checks
+                # foreign keys only on connections that ask.
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.execute(f"PRAGMA secure_delete={'ON' if secure_delete else 'OFF'}")
                 cur.execute("BEGIN IMMEDIATE")
                 try:
                     yield cur, now_us()
@@ -129,6 +133,8 @@ class SQLiteRunStore:
         except sqlite3.IntegrityError as e:
             if "steptrail_events" in str(e):
                 raise VersionConflict("somebody appended to the run first") from e
+            if "FOREIGN KEY" in str(e):
+                raise VersionConflict("the run no longer exists (purged)") from e
             raise
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
@@ -351,6 +357,42 @@ class SQLiteRunStore:
 
     def store_now(self) -> datetime:
         return to_datetime(now_us()) or datetime.now(UTC)
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
+        row = self._one(
+            "count_purgeable", {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff)}
+        )
+        return int(row["n"]) if row is not None else 0
+
+    def purge_batch(
+        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+    ) -> list[UUID]:
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction; deleted
+        pages are zeroed (secure_delete) so their content does not linger in the file."""
+        with self._write(secure_delete=True) as (cur, at):
+            cur.execute(
+                self.q["select_purgeable"],
+                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "limit": limit},
+            )
+            ids = [UUID(r["run_id"]) for r in cur.fetchall()]
+            if ids:
+                params = {"ids": json.dumps([i.hex for i in ids]), "category": category, "now": at}
+                for statement in statements(self.q["purge_runs"]):
+                    cur.execute(statement, params)
+        return ids
+
+    def after_purge(self) -> None:
+        """Fold the WAL back into the database so deleted content leaves the WAL file too."""
+        with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
+            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
+        row = self._one("select_tombstone", {"run_id": run_id.hex})
+        if row is None:
+            return None
+        return row["category"], to_datetime(row["purged_at"]) or datetime.now(UTC)
 
     # -- reporting views (the Dialect of reporting_store) ---------------------------------------
 

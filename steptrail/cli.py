@@ -619,6 +619,52 @@ def audit(
 
 
 @cli.command()
+def purge(
+    ctx: typer.Context,
+    days: Annotated[
+        int | None,
+        typer.Option(
+            "--days",
+            min=1,
+            help="Purge runs created more than N days ago, whatever "
+            "their category (overrides every retention window).",
+        ),
+    ] = None,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, help="Runs removed per transaction.")
+    ] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Remove runs past their retention window from every table (log, index, views, saved
+    state), leaving a tombstone per run. Terminal runs follow the agent_run window, all other
+    runs the approval window; both default to STEPTRAIL_RETENTION_DAYS (30). Safe to
+    interrupt and run again."""
+    with (
+        runtime(ctx) as rt,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar,
+    ):
+        tasks: dict[str, Any] = {}
+
+        def progress(category: str, done: int, total: int) -> None:
+            if category not in tasks:
+                tasks[category] = bar.add_task(f"purging {category}", total=total)
+            bar.update(tasks[category], completed=done, total=total)
+
+        report = rt.purge(days, batch=batch, progress=progress)
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        out.print(report.summary())
+
+
+@cli.command()
 def demo(
     ctx: typer.Context,
     runs: Annotated[int, typer.Option("--runs", min=1, max=200, help="Plain runs to add.")] = 6,

@@ -41,6 +41,7 @@ from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
 from steptrail.workers.registry import App
+from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
@@ -269,19 +270,54 @@ class Runtime:
         """The run as the index holds it.
 
         Raises:
-            UnknownRun: no such run.
+            UnknownRun: no such run (the message says so if retention purged it).
         """
         row = self.store.row(run_id)
         if row is None:
-            raise UnknownRun(f"no run {run_id}")
+            raise self._unknown(run_id)
         return row
 
     def history(self, run_id: UUID) -> list[RecordedEvent]:
         """Every event of the run, in order, with the store's time of recording."""
         events = self.store.history(run_id)
         if not events:
-            raise UnknownRun(f"no run {run_id}")
+            raise self._unknown(run_id)
         return events
+
+    def _unknown(self, run_id: UUID) -> UnknownRun:
+        tombstone = self.store.tombstone(run_id)
+        if tombstone is None:
+            return UnknownRun(f"no run {run_id}")
+        category, purged_at = tombstone
+        return UnknownRun(
+            f"no run {run_id}: it was purged at {purged_at:%Y-%m-%d %H:%M:%S} "
+            f"(retention category {category})"
+        )
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def retention_policy(self) -> RetentionPolicy:
+        s = self.settings
+        return RetentionPolicy(
+            days=s.retention_days,
+            agent_run_days=s.retention_agent_run_days,
+            approval_days=s.retention_approval_days,
+        )
+
+    def purge(
+        self,
+        days: int | None = None,
+        *,
+        batch: int = 100,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> PurgeReport:
+        """Remove every run past its retention window from every table, leaving tombstones.
+
+        `days` (≥ 1) overrides every window. Works in batches of `batch` runs, each its own
+        short transaction; an interrupted purge can simply be run again.
+        """
+        purger = Purger(self.store, self.retention_policy(), batch=batch, log=self.log)
+        return purger.purge(days, progress=progress)
 
     # -- views, audit ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlite import SQLiteRunStore
@@ -33,6 +34,12 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 def _url_for(database: str) -> str:
     base, _, _ = PG_ADMIN_URL.rpartition("/")
     return f"{base}/{database}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quiet_logs() -> None:
+    """Warnings and errors only: the suites log thousands of run events otherwise."""
+    configure_logging("console", "warning")
 
 
 @pytest.fixture(scope="session")

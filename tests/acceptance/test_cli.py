@@ -232,3 +232,50 @@ def test_views__stats_dead_letters_verify_rebuild_audit(db_url: str) -> None:
     drift = steptrail("verify", url=db_url)
     assert drift.returncode == 1
     assert "status counts" in drift.stdout
+
+
+@pytest.mark.parametrize("days", ["0", "-1", "abc"])
+def test_purge__bad_days_exit_2(sqlite_url: str, days: str) -> None:
+    """purge --days takes a whole number of at least one day."""
+    assert steptrail("purge", "--days", days, url=sqlite_url).returncode == 2
+
+
+def test_purge__killed_mid_purge_then_rerun_finishes(db_url: str, tmp_path: Path) -> None:
+    """A purge SIGKILLed between batches removed whole runs only; running it again removes
+    the rest, and the views still equal a rebuild."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.acceptance.helpers import REPO, env_for
+    from tests.conftest import make_runtime
+    from tests.integration.test_retention import age
+
+    rt = make_runtime(db_url)
+    try:
+        ids = [rt.enqueue("scripted", {}) for _ in range(400)]
+        age(rt, ids, days=45)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "steptrail", "purge", "--batch", "2"],
+            cwd=REPO,
+            env=env_for(db_url),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(rt.store.all_rows()) == 400:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        left = len(rt.store.all_rows())
+        assert 0 < left < 400, "the kill should land part-way through"
+        assert rt.verify() == []
+        again = json.loads(steptrail("purge", "--json", url=db_url).stdout)
+        assert again["by_category"]["approval"] == left
+        assert rt.store.all_rows() == []
+        shown = steptrail("show", str(ids[0]), url=db_url)
+        assert shown.returncode == 1
+        assert "purged" in shown.stderr
+    finally:
+        rt.close()

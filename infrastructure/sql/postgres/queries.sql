@@ -295,3 +295,36 @@ SELECT
     (SELECT count(*) FROM steptrail_runs
      WHERE status = 'running' AND lease_expires_at < now()) AS stale_leases,
     now() AS now;
+
+-- name: count_purgeable
+SELECT count(*) AS n FROM steptrail_runs
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[]);
+
+-- name: select_purgeable
+-- Oldest first. Runs under the log lock, so no writer can change the set before it is gone.
+SELECT run_id FROM steptrail_runs
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+ORDER BY created_at, run_id
+LIMIT %(limit)s;
+
+-- name: purge_runs
+-- Everything that holds anything of these runs, in one transaction: the views (counts first,
+-- from the summaries the views themselves hold), the saved state, the log, the index; then
+-- the tombstones. The caller holds the log lock and the reporting runner's tracking row.
+UPDATE steptrail_view_status_counts AS c SET count = c.count - d.n
+FROM (
+    SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries
+    WHERE run_id = ANY(%(ids)s::uuid[]) GROUP BY agent, status
+) AS d
+WHERE c.agent = d.agent AND c.status = d.status;
+DELETE FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
+DELETE FROM steptrail_view_dead_letters WHERE run_id = ANY(%(ids)s::uuid[]);
+DELETE FROM steptrail_saved WHERE run_id = ANY(%(ids)s::uuid[]);
+DELETE FROM steptrail_events WHERE originator_id = ANY(%(ids)s::uuid[]);
+DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
+INSERT INTO steptrail_tombstones (run_id, category, purged_at)
+SELECT id, %(category)s, now() FROM unnest(%(ids)s::uuid[]) AS id
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: select_tombstone
+SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;

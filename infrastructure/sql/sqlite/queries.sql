@@ -239,3 +239,32 @@ SELECT
     (SELECT count(*) FROM steptrail_runs
      WHERE status = 'running' AND lease_expires_at < :now) AS stale_leases,
     :now AS now;
+
+-- name: count_purgeable
+SELECT count(*) AS n FROM steptrail_runs
+WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses));
+
+-- name: select_purgeable
+SELECT run_id FROM steptrail_runs
+WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+ORDER BY created_at, run_id
+LIMIT :limit;
+
+-- name: purge_runs
+UPDATE steptrail_view_status_counts SET count = count - (
+    SELECT count(*) FROM steptrail_view_run_summaries AS s
+    WHERE s.run_id IN (SELECT value FROM json_each(:ids))
+      AND s.agent = steptrail_view_status_counts.agent
+      AND s.status = steptrail_view_status_counts.status
+);
+DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_events WHERE originator_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_runs WHERE run_id IN (SELECT value FROM json_each(:ids));
+INSERT INTO steptrail_tombstones (run_id, category, purged_at)
+SELECT value, :category, :now FROM json_each(:ids) WHERE true
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: select_tombstone
+SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
