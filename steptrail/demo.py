@@ -2,8 +2,9 @@
 default), finished in a few seconds.
 
 It queues scripted runs that complete, retry after a transient failure, dead-letter on an
-auth error, run a write tool, get cancelled, and one that a "ghost" worker claims and then
-abandons (as if its machine died). Two workers and a reaper then drive everything to an end.
+auth error, run a write tool, wait for (and get) an approval, get cancelled, and one that a
+"ghost" worker claims and then abandons (as if its machine died). Two workers and a reaper
+then drive everything to an end.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from uuid import UUID
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from steptrail.render import print_run, runs_table
+from steptrail.domain.enums import RunStatus
+from steptrail.render import compact_runs_table, print_run
 from steptrail.runtime import Runtime
 
 DEADLINE_S = 60.0
@@ -58,10 +60,15 @@ def run_demo(rt: Runtime, console: Console, *, plain_runs: int = 6) -> list[UUID
             },
         )
     )
+    asks = rt.enqueue("scripted", {"steps": 3, "approval": {"at": 2, "tools": ["send_email"]}})
+    ids.append(asks)
     doomed = rt.enqueue("scripted", {"steps": 2}, idempotency_key=f"demo-cancel-{time.time_ns()}")
     ids.append(doomed)
     rt.cancel(doomed, by="demo")
-    console.print(f"queued {len(ids)} runs on {rt.backend}; one was cancelled, one abandoned")
+    console.print(
+        f"queued {len(ids)} runs on {rt.backend}: one cancelled, one abandoned by a dead "
+        "worker, one will ask for approval"
+    )
 
     workers = [rt.worker(concurrency=4) for _ in range(2)]
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
@@ -85,14 +92,18 @@ def run_demo(rt: Runtime, console: Console, *, plain_runs: int = 6) -> list[UUID
             if done == len(ids):
                 break
             reaped += reaper.reap_once(10).reaped
+            if rt.get(asks).status is RunStatus.WAITING_FOR_APPROVAL:
+                rt.approve(asks, by="demo", digest=rt.pending(asks).digest)
+                console.print("approved the pending send_email call of the waiting run")
             time.sleep(0.1)
     for w in workers:
         w.stop()
     for t in threads:
         t.join(timeout=10)
     rows = [rt.get(i) for i in ids]
-    console.print(runs_table(rows, title="Demo runs"))
+    console.print(compact_runs_table(rows, title="Demo runs"))
     console.print(f"reaper reclaimed or dead-lettered {reaped} stale run(s)")
     print_run(console, rt.get(ghost), rt.history(ghost))
-    console.print(f"try: steptrail show {ids[-4]}   (the retried run)")
+    console.print(f"try: steptrail show {ids[-5]}   (the retried run)")
+    console.print(f"     steptrail show {asks}   (the approved run)")
     return ids

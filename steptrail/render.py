@@ -107,6 +107,24 @@ def run_table(row: RunRow) -> Table:
     return table
 
 
+def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
+    """Short ids and the ending only: fits an 80-column terminal (the demo's)."""
+    table = Table(title=title)
+    for column in ("run", "status", "reason", "steps", "requeues", "version"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        s = row.state
+        table.add_row(
+            str(s.run_id)[:8],
+            s.status.value,
+            s.reason.value if s.reason else "-",
+            str(s.steps),
+            str(s.requeue_count),
+            str(s.version),
+        )
+    return table
+
+
 def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
     table = Table(title=title)
     for column in ("run", "agent", "status", "reason", "steps", "requeues", "since", "waits for"):
