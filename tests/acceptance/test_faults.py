@@ -233,3 +233,33 @@ def test_database_restart__workers_reconnect_and_nothing_is_lost(
 def test_fault_tests_run_on_postgres_only() -> None:
     """These tests need real processes on one server; SQLite's are in tests/integration."""
     assert os.name == "posix"
+
+
+def test_poison_run__crashing_every_worker_ends_retries_exhausted(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A run that SIGKILLs whichever worker runs it is reclaimed until the shared budget is
+    spent, then dead-lettered retries_exhausted, instead of looping forever."""
+    rt = make_runtime(pg_url, lease_seconds=0.8)
+    env = {"STEPTRAIL_LEASE_SECONDS": "0.8"}
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        poison = rt.enqueue("scripted", {"steps": 2, "crash": {"at": 1}})
+        healthy = rt.enqueue("scripted", {"steps": 2})
+        deadline = time.monotonic() + 60
+        started = 0
+        while time.monotonic() < deadline and not all_terminal(rt, [poison, healthy]):
+            if not procs or procs[-1].poll() is not None:
+                procs.append(spawn_worker(pg_url, log=tmp_path / f"w{started}.log", **env))
+                started += 1
+            rt.reap()
+            time.sleep(0.2)
+        row = rt.get(poison)
+        assert row.state.reason is TerminationReason.RETRIES_EXHAUSTED
+        assert row.state.requeue_count == 3
+        trail = [h.event for h in rt.history(poison)]
+        assert sum(isinstance(e, Run.Claimed) for e in trail) == 4
+        assert rt.get(healthy).status is RunStatus.COMPLETED
+    finally:
+        stop(procs)
+        rt.close()
