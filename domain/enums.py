@@ -131,7 +131,10 @@ class PrivacyLevel(StrEnum):
 
     @classmethod
     def parse(cls, value: object) -> PrivacyLevel:
-        """An unknown or invalid level means `metadata`, the safe default."""
+        """An unset, unknown or invalid level means `metadata`, the safe default (note that
+        an unset value is None, whose text "none" would otherwise name the `none` level)."""
+        if value is None:
+            return cls.METADATA
         try:
             return cls(str(value).strip().lower())
         except ValueError:

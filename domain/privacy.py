@@ -94,14 +94,23 @@ def redact_string(text: str) -> str:
     return masked
 
 
-def _redact(value: Any) -> Any:
+def _walk(value: Any, on_string: Any) -> Any:
+    """`value` with `on_string` applied to every string in it, dictionary keys included."""
     if isinstance(value, str):
-        return redact_string(value)
+        return on_string(value)
     if isinstance(value, Mapping):
-        return {redact_string(str(k)): _redact(v) for k, v in value.items()}
+        return {on_string(str(k)): _walk(v, on_string) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_redact(v) for v in value]
+        return [_walk(v, on_string) for v in value]
     return value
+
+
+def _redact(value: Any) -> Any:
+    return _walk(value, redact_string)
+
+
+def _mask(value: Any) -> Any:
+    return _walk(value, mask_secrets)
 
 
 def _length(value: Any) -> int:
@@ -170,8 +179,13 @@ def filter_payload(payload: Mapping[str, Any], level: PrivacyLevel | str) -> dic
     if level is PrivacyLevel.FULL:
         return dict(payload)
     if level is PrivacyLevel.REDACTED:
-        return {k: (v if k in METADATA_KEYS else _redact(v)) for k, v in payload.items()}
-    # Metadata-only keys are kept verbatim, but a string there could still carry an address
-    # or a secret (a model name never does; an "error" text might), so mask it anyway.
-    summary = _summarise(payload)
-    return {k: (mask_secrets(v) if isinstance(v, str) else v) for k, v in summary.items()}
+        # Metadata keys keep their full length but not their secrets; content is also cut.
+        return {
+            redact_string(k): (_mask(v) if k in METADATA_KEYS else _redact(v))
+            for k, v in payload.items()
+        }
+    # What survives at metadata is meant to describe, not reveal; but any string in it (a
+    # model name, a requested tool's name, an artifact type) could still carry an address or
+    # a secret, so every one of them is masked, however deeply nested.
+    masked: dict[str, Any] = _mask(_summarise(payload))
+    return masked
