@@ -40,13 +40,19 @@ EVENT_TYPES: dict[str, type[RunEvent]] = {}
 
 
 class PendingEffect(BaseModel):
-    """A write tool that was about to run at step `seq` and has not recorded its result yet."""
+    """A write tool that was about to run at step `seq` and has not recorded its result yet.
+
+    `claim_version` names the segment that recorded it: only that segment's result for the
+    same step clears it. After a reclaim the next segment numbers its steps on from the last
+    *recorded* one, so its step `seq` may coincide with a dead segment's unrecorded write.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     seq: int
     tool: str
     effect: Effect
+    claim_version: int | None = None
 
 
 class Waiting(BaseModel):
@@ -259,7 +265,11 @@ class Run:
             # raised may or may not have happened, so its marker must stay (ADR 0002).
             pending = s.pending_effects
             if self.error_type is None:
-                pending = tuple(p for p in pending if p.seq != self.seq)
+                pending = tuple(
+                    p
+                    for p in pending
+                    if not (p.seq == self.seq and p.claim_version == s.claim_version)
+                )
             return s.evolve(
                 steps=self.seq,
                 pending_effects=pending,
@@ -286,7 +296,9 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            marker = PendingEffect(seq=self.seq, tool=self.tool, effect=self.effect)
+            marker = PendingEffect(
+                seq=self.seq, tool=self.tool, effect=self.effect, claim_version=s.claim_version
+            )
             return s.evolve(pending_effects=(*s.pending_effects, marker))
 
     class Completed(RunEvent):

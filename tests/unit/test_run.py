@@ -470,7 +470,12 @@ def test_mark_effect_pending__marker_for_next_step() -> None:
     seq = run.mark_effect_pending(tool="send_email", effect=Effect.NON_IDEMPOTENT_WRITE)
     assert seq == 2
     assert run.state.pending_effects == (
-        PendingEffect(seq=2, tool="send_email", effect=Effect.NON_IDEMPOTENT_WRITE),
+        PendingEffect(
+            seq=2,
+            tool="send_email",
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            claim_version=run.state.claim_version,
+        ),
     )
     assert run.state.pending_non_idempotent_write is True
     assert run.state.steps == 1
