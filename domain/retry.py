@@ -71,9 +71,9 @@ class RetryPolicy:
 
     def backoff_ms(self, prior_requeues: int, draw: float = 0.0) -> int:
         """`min(base · 2^prior, cap)`, less `jitter · draw` of itself (`draw` in [0, 1))."""
-        exact = min(self.base_ms * (2 ** max(0, prior_requeues)), self.cap_ms)
+        exact: int = min(self.base_ms << max(0, prior_requeues), self.cap_ms)
         # Rounded up: never below (1 - jitter) · exact, never above exact.
-        return int(math.ceil(exact * (1.0 - self.jitter * min(max(draw, 0.0), 1.0))))
+        return math.ceil(exact * (1.0 - self.jitter * min(max(draw, 0.0), 1.0)))
 
     def on_failure(
         self, state: RunState, failure_class: FailureClass, draw: float = 0.0

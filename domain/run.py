@@ -543,16 +543,20 @@ class Run:
     def pending_events(self) -> tuple[RunEvent, ...]:
         return tuple(self._pending)
 
+    def checkpoint(self) -> tuple[RunState, int]:
+        """Where the run stands now: its state and how many events are pending."""
+        return self._state, len(self._pending)
+
+    def restore(self, checkpoint: tuple[RunState, int]) -> None:
+        """Forget the events triggered since `checkpoint` (they were not recorded)."""
+        state, pending = checkpoint
+        self._state = state
+        del self._pending[pending:]
+
     def mark_committed(self) -> None:
         """The store recorded every pending event."""
         self._pending.clear()
         self._committed_version = self._state.version
-
-    def discard_pending(self, committed: RunState) -> None:
-        """The store refused the pending events; fall back to what it last confirmed."""
-        self._pending.clear()
-        self._state = committed
-        self._committed_version = committed.version
 
     # -- commands ------------------------------------------------------------------------------
 

@@ -59,7 +59,8 @@ def datastore_from_url(url: str, *, pool_size: int, schema: str = "") -> Postgre
         pool_size=pool_size,
         max_overflow=pool_size,
         max_waiting=0,
-        pre_ping=True,
+        pre_ping=False,  # a check per checkout would double every round trip; a broken
+        # connection fails the next statement instead, and the segment handles that (ADR 0007)
         connect_timeout=5.0,
         pool_open_timeout=10.0,
         schema=schema,

@@ -263,25 +263,24 @@ class RunContext:
     ) -> T:
         """Run `fn` as the next step and record it (kind, name, duration, payload, result).
 
-        The record is appended after `fn` returns or raises; if `fn` raises, the step is
-        recorded with the exception's class (never its message) and the exception goes on.
+        First the step boundary: whatever is pending (the previous step's record) is
+        appended, fenced, so `fn` only runs while the run is provably this segment's. The
+        step's own record is appended at the next boundary (the next step, a write tool, or
+        the settle). If `fn` raises, the step is recorded with the exception's class (never
+        its message) and the exception goes on.
 
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        segment = self._segment
-        segment.ensure_owned()
+        self._segment.boundary()
         started = time.perf_counter()
-        segment.step_started = segment.clock()
         try:
             outcome = fn()
         except Exception as error:
-            segment.step_started = None
             self._record(
                 kind=kind, name=name, started=started, payload=payload, extra=None, error=error
             )
             raise
-        segment.step_started = None
         value: T
         value, extra = _unwrap(outcome)
         self._record(
@@ -331,8 +330,14 @@ class RunContext:
         return self.step("tool", name, fn, payload=payload)
 
     def heartbeat(self) -> None:
-        """Renew the lease now (long work outside steps should call this now and then)."""
-        self._segment.commit(lambda run: run.renew_lease())
+        """Prove the run is still ours now: append what is pending, or renew the lease.
+        (The lease keeper does this on its own a third of the way to expiry.)"""
+        segment = self._segment
+        with segment.lock:
+            if segment.run.pending_events:
+                segment.boundary()
+            else:
+                segment.commit(lambda run: run.renew_lease())
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -370,9 +375,9 @@ class RunContext:
                 cost=cost,
             )
 
-        seq = self._segment.commit(record)
+        seq = self._segment.defer(record)
         self.log.info(
-            "step_recorded",
+            "step_finished",
             seq=seq,
             kind=kind,
             step=name,

@@ -1,8 +1,14 @@
 """A segment: one stretch of execution of a run under one lease, and every append it makes.
 
 The segment owns the in-memory `Run` (so a step never reloads or replays the run) and is the
-only place its appends happen. Three rules make it safe:
+only place its appends happen. Four rules make it safe:
 
+* **Boundaries.** A finished step's record is kept in memory and appended at the next step
+  boundary: before the next step starts, before a write tool runs (with its pending-effect
+  marker), or with the settle. So every step starts only after an append proved the run is
+  still this segment's, and a run of N steps costs N appends after its claim (the last step
+  rides with the settle). This is the reference system's "persist the boundary step after
+  the renewal check" (ADR 0011).
 * **Fencing.** Each append is fenced on the version the segment last wrote. A conflict means
   somebody else appended: the segment has lost the run. It stops at once, records nothing
   more and settles nothing; the outcome is `cancelled` if a cancel did it, else `lease_lost`.
@@ -13,8 +19,8 @@ only place its appends happen. Three rules make it safe:
   segment cannot know whether the reaper is about to reclaim the run, so it gives the run up
   (`lease_lost`) and never starts another step or write (ADR 0007).
 
-Appends come from the agent's thread and, during a long step, from the lease keeper's thread;
-a lock keeps them one at a time, and the run's version orders them.
+Appends come from the agent's thread and from the lease keeper's thread (which renews a lease
+a third of the way to expiry); a lock keeps them one at a time, and the version orders them.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run, RunState
 
 Clock = Callable[[], float]
+Checkpoint = tuple[RunState, int]
 
 
-class LeaseLost(BaseException):
+class LeaseLost(BaseException):  # a signal, like CancelledError, not an error
     """The segment no longer owns its run. Derives from BaseException so that an agent's
     `except Exception` cannot swallow it and carry on acting without the lease."""
 
@@ -52,7 +59,7 @@ class SegmentTimings:
 
     @property
     def renew_after_s(self) -> float:
-        """A step running longer than this renews the lease in the background."""
+        """Without an append for this long, the lease keeper appends one."""
         return self.lease_s / 3
 
     @property
@@ -82,7 +89,6 @@ class Segment:
         self.lock = threading.RLock()
         self.last_ok = clock()
         self.lost: LeaseLost | None = None
-        self.step_started: float | None = None
         holder = run.state.holder or "?"
         self.log = log.bind(run_id=str(run.id), worker_id=holder)
 
@@ -96,86 +102,98 @@ class Segment:
         """`<run id>:<claim version>`: unique per segment, for outside idempotency keys."""
         return f"{self.run.id}:{self.run.state.claim_version}"
 
-    def ensure_owned(self) -> None:
-        """Raise LeaseLost if the run is no longer this segment's to act on.
+    def boundary(self) -> None:
+        """A step boundary: append what is pending (the previous step's record), proving the
+        run is still ours before anything else happens. Raises LeaseLost if it is not.
 
-        Normally that is known from the last append. But if no append was confirmed for half
-        a lease (the store was down, or the agent worked long between steps), the lease may
-        be about to expire or gone: renew it first, and act only if that succeeds.
+        With nothing pending the last append is the proof, unless it is older than half a
+        lease (the store was down, or the agent worked long between steps): then the lease
+        is renewed first, and the segment acts only if that succeeds.
         """
         if self.lost is not None:
             raise self.lost
-        if self.clock() - self.last_ok > self.timings.self_fence_after_s:
-            with self.lock:
-                before = self.run.state
+        with self.lock:
+            if self.run.pending_events:
+                self._append(self.run.checkpoint(), None)
+            elif self.clock() - self.last_ok > self.timings.self_fence_after_s:
+                checkpoint = self.run.checkpoint()
                 self.run.renew_lease()
-                self._append(before, None, retry=False)
+                self._append(checkpoint, None, retry=False)
+
+    def defer(self, command: Callable[[Run], object]) -> object:
+        """Apply `command` now and append what it triggered at the next boundary."""
+        with self.lock:
+            if self.lost is not None:
+                raise self.lost
+            return command(self.run)
 
     def commit(self, command: Callable[[Run], object], *, resumable: bytes | None = None) -> object:
-        """Apply `command` to the run and append what it triggered, fenced.
+        """Apply `command` and append it, with everything pending, fenced.
 
         Returns whatever the command returned. Raises LeaseLost when the run is no longer
-        this segment's; the run's in-memory state then stays at the last confirmed version.
+        this segment's.
         """
         with self.lock:
-            self.ensure_owned()
-            before = self.run.state
+            if self.lost is not None:
+                raise self.lost
+            checkpoint = self.run.checkpoint()
             result = command(self.run)
-            self._append(before, resumable)
+            self._append(checkpoint, resumable)
             return result
 
     def try_renew(self) -> None:
-        """Renew the lease if a step has run for a third of it (the lease keeper calls this).
+        """Append if the last confirmed append is a third of a lease old (the lease keeper
+        calls this): the pending step records if any, else a `LeaseRenewed`.
 
         Never blocks on the agent's thread: if it is appending right now, that append is a
         heartbeat already.
         """
-        started = self.step_started
-        if started is None or self.lost is not None:
-            return
-        now = self.clock()
-        if now - max(started, self.last_ok) < self.timings.renew_after_s:
+        if self.lost is not None or self.clock() - self.last_ok < self.timings.renew_after_s:
             return
         if not self.lock.acquire(blocking=False):
             return
         try:
             if self.lost is not None:
                 return
-            before = self.run.state
-            self.run.renew_lease()
+            checkpoint = self.run.checkpoint()
+            if not self.run.pending_events:
+                self.run.renew_lease()
             try:
-                if self._append(before, None, retry=False):
+                if self._append(checkpoint, None, retry=False):
                     self.log.info("lease_renewed", version=self.run.version)
             except LeaseLost:
-                pass  # recorded in self.lost; the agent's thread raises it after the step
+                pass  # recorded in self.lost; the agent's thread raises it at its next call
         finally:
             self.lock.release()
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _append(self, before: RunState, resumable: bytes | None, *, retry: bool = True) -> bool:
-        """Append the run's pending events. Returns True once they are confirmed; with
-        `retry=False` a store error gives up at once (False, pending events dropped) so the
-        caller can try again later. Raises LeaseLost when the run is lost or self-fenced."""
+    def _append(
+        self, checkpoint: Checkpoint, resumable: bytes | None, *, retry: bool = True
+    ) -> bool:
+        """Append every pending event. Returns True once they are confirmed; with
+        `retry=False` a store error gives up at once (False: what was triggered since
+        `checkpoint` is dropped, earlier pending events stay pending) so the caller can try
+        again later. Raises LeaseLost when the run is lost or the segment fenced itself."""
         delay = 0.05
         while True:
             try:
                 self.store.append(self.run, resumable=resumable)
             except VersionConflict:
-                self.run.discard_pending(before)
+                self.run.restore(checkpoint)
                 self._lose_to_whoever_appended()
             except StoreUnavailable as error:
-                if self._resolve_ambiguity(before, error):
+                if self._resolve_ambiguity(checkpoint, error):
                     return True
                 remaining = self.last_ok + self.timings.self_fence_after_s - self.clock()
                 if remaining <= 0:
-                    self.run.discard_pending(before)
+                    self.run.restore(checkpoint)
                     self._lose(
                         Outcome.LEASE_LOST,
                         "self-fenced: the store stayed unreachable for half a lease",
                     )
                 if not retry:
-                    self.run.discard_pending(before)
+                    self.run.restore(checkpoint)
                     return False
                 self.sleep(min(delay, remaining))
                 delay = min(delay * 2, 1.0)
@@ -183,7 +201,7 @@ class Segment:
             self.last_ok = self.clock()
             return True
 
-    def _resolve_ambiguity(self, before: RunState, error: StoreUnavailable) -> bool:
+    def _resolve_ambiguity(self, checkpoint: Checkpoint, error: StoreUnavailable) -> bool:
         """After a failed append: did it land? True if so (and it is marked committed)."""
         self.log.warning("store_unavailable", error=type(error).__name__)
         try:
@@ -191,7 +209,7 @@ class Segment:
         except StoreUnavailable:
             return False
         if current is None:
-            self.run.discard_pending(before)
+            self.run.restore(checkpoint)
             self._lose(Outcome.LEASE_LOST, "the run no longer exists")
         assert current is not None
         if current.version == self.run.version and current.state == self.run.state:
@@ -199,7 +217,7 @@ class Segment:
             self.last_ok = self.clock()
             return True
         if current.version != self.run.committed_version:
-            self.run.discard_pending(before)
+            self.run.restore(checkpoint)
             self._lose_to(current)
         return False
 

@@ -190,7 +190,9 @@ def test_cancel__running_run_observed_at_next_step(db_url: str) -> None:
         thread.join(10)
         assert [r.outcome for r in results] == [Outcome.CANCELLED]
         assert events_of(rt, run_id)[-1] == "Cancelled"
-        assert gate.after == []
+        # The agent's own code after the step may run; the next boundary (here the write
+        # tool's marker) is where the cancel is observed, so the write never happens.
+        assert "email-sent" not in gate.after
     finally:
         rt.close()
 
@@ -213,7 +215,7 @@ def test_zombie__taken_over_segment_cannot_record_settle_or_write(db_url: str) -
         gate.release.set()
         thread.join(10)
         assert [r.outcome for r in results] == [Outcome.LEASE_LOST]
-        assert gate.after == []
+        assert "email-sent" not in gate.after
         trail = rt.history(run_id)
         zombie_holder = trail[1].event.actor
         assert all(h.event.actor != zombie_holder for h in trail[2:])

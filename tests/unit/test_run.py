@@ -226,7 +226,7 @@ def test_legal_table__covers_every_command() -> None:
         for name, value in vars(Run).items()
         if callable(value) and not name.startswith("_") and not isinstance(value, type)
     }
-    commands = public - {"mark_committed", "discard_pending"}
+    commands = public - {"mark_committed", "checkpoint", "restore"}
     assert commands == set(COMMANDS)
 
 
@@ -362,15 +362,17 @@ def test_mark_committed__clears_pending_and_fences_on_version() -> None:
     assert [type(e) for e in run.pending_events] == [Run.StepRecorded]
 
 
-def test_discard_pending__falls_back_to_committed_state() -> None:
-    """A refused append falls back to the state the store last confirmed."""
+def test_restore__forgets_only_what_came_after_the_checkpoint() -> None:
+    """A refused append drops the events triggered since its checkpoint; events deferred
+    before it (a finished step's record) stay pending."""
     run = running()
     run.mark_committed()
-    committed = run.state
+    run.record_step(kind="llm", name="deferred", duration_ms=1)
+    checkpoint = run.checkpoint()
     run.complete()
-    run.discard_pending(committed)
-    assert run.state == committed
-    assert run.pending_events == ()
+    run.restore(checkpoint)
+    assert run.state == checkpoint[0]
+    assert [type(e) for e in run.pending_events] == [Run.StepRecorded]
     assert run.status is RunStatus.RUNNING
 
 
