@@ -58,6 +58,12 @@ class RunStore(Protocol):
         """Claim the queued run that became available first, among `agents`, if any."""
         ...
 
+    def claim_batch(
+        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+    ) -> list[ClaimedRun]:
+        """Claim up to `limit` runs in one transaction (one round trip)."""
+        ...
+
     def load(self, run_id: UUID) -> Run | None: ...
 
     def saved(self, run_id: UUID, kind: str) -> bytes | None:

@@ -1,16 +1,18 @@
 """The run store on PostgreSQL (psycopg 3 with a connection pool).
 
-Every write is one transaction sent as one pipeline: BEGIN, the log lock, the statements,
-COMMIT, and a single sync, so it costs one network round trip and one commit. Failures map to
-two domain errors only: a unique violation on the log's key is a `VersionConflict` (the
-fence), anything that lost the connection is `StoreUnavailable`.
+Every hot-path write is one statement in autocommit — an append is one call of the
+`steptrail_append` function, a claim and an enqueue are one statement each — so each costs
+one network round trip and one commit. Writers of one run queue on its index row; writers of
+different runs never wait for each other (ADR 0012). Failures map to two domain errors only:
+the fence (a run not at the expected version, or a taken log key) is a `VersionConflict`;
+anything that lost the connection is `StoreUnavailable`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -30,7 +32,6 @@ from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
-    RESUMABLE,
     encoded_events,
     run_from_row,
     side_effects,
@@ -39,6 +40,7 @@ from steptrail.infrastructure.store_base import (
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
+FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
 
 
@@ -108,28 +110,11 @@ class PostgresRunStore:
             raise
         except _CONNECTION_ERRORS as e:
             raise StoreUnavailable(_first_line(e)) from e
-
-    @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection[DictRow]]:
-        """One write transaction, sent as one pipeline: a single network round trip.
-
-        BEGIN and COMMIT are sent as statements on purpose: psycopg's `conn.transaction()`
-        waits for the server after BEGIN inside a pipeline, which would cost extra round
-        trips. Results of statements executed inside are readable once this block exits.
-        If any statement fails, the server skips the rest and we roll back.
-        """
-        with self._connection() as conn:
-            try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    conn.execute(self.q["lock_events"], prepare=True)
-                    yield conn
-                    conn.execute("COMMIT")
-            except BaseException:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    with suppress(psycopg.Error):
-                        conn.rollback()
-                raise
+        except psycopg.DatabaseError as e:
+            # Checked after the connection errors: those are DatabaseErrors too.
+            if e.sqlstate == FENCE_SQLSTATE:  # steptrail_append's version check
+                raise VersionConflict("somebody appended to the run first") from e
+            raise
 
     def close(self) -> None:
         self._closed.set()
@@ -180,12 +165,9 @@ class PostgresRunStore:
         assert version == 1, "a run is created at version 1"
         assert not rest, "a run is created by exactly one event"
         params = {**self._params(run), "topic": topic, "state": state, "request": request}
-        with self._transaction() as conn:
-            cur = conn.execute(self.q["insert_run"], params, prepare=True)
-            _, notify = side_effects(run.state)
-            if notify:
-                conn.execute(self.q["notify_queued"], {"agent": run.state.agent})
-        if cur.fetchone() is None:
+        with self._connection() as conn:
+            created = conn.execute(self.q["insert_run"], params, prepare=True).fetchone()
+        if created is None:
             existing = self._one(
                 "select_run_by_key", {"idempotency_key": run.state.idempotency_key}
             )
@@ -199,29 +181,27 @@ class PostgresRunStore:
         if not events:
             return
         drop, notify = side_effects(run.state)
-        with self._transaction() as conn:
-            conn.execute(
-                self.q["insert_events"],
-                {
-                    "ids": [run.id] * len(events),
-                    "versions": [v for v, _, _ in events],
-                    "topics": [t for _, t, _ in events],
-                    "states": [s for _, _, s in events],
-                },
-                prepare=True,
-            )
-            conn.execute(self.q["update_run"], self._params(run), prepare=True)
-            if resumable is not None:
-                conn.execute(
-                    self.q["put_saved"], {"run_id": run.id, "kind": RESUMABLE, "body": resumable}
-                )
-            if drop:
-                conn.execute(self.q["drop_saved"], {"run_id": run.id})
-            if notify:
-                conn.execute(self.q["notify_queued"], {"agent": run.state.agent})
+        params = {
+            **self._params(run),
+            "expected": run.committed_version,
+            "versions": [v for v, _, _ in events],
+            "topics": [t for _, t, _ in events],
+            "states": [s for _, _, s in events],
+            "resumable": resumable,
+            "drop_saved": drop,
+            "notify": notify,
+        }
+        with self._connection() as conn:
+            conn.execute(self.q["append"], params, prepare=True)
         run.mark_committed()
 
     def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
+        claimed = self.claim_batch(holder=holder, lease_ms=lease_ms, agents=agents, limit=1)
+        return claimed[0] if claimed else None
+
+    def claim_batch(
+        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+    ) -> list[ClaimedRun]:
         topic, state = encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
         params = {
             "agents": list(agents),
@@ -229,13 +209,13 @@ class PostgresRunStore:
             "state": state,
             "holder": holder,
             "lease_ms": lease_ms,
+            "limit": limit,
         }
-        with self._transaction() as conn:
-            cur = conn.execute(self.q["claim"], params, prepare=True)
-        row = cur.fetchone()
-        if row is None:
-            return None
-        return ClaimedRun(run=run_from_row(row), request=bytes(row["request"] or b""))
+        with self._connection() as conn:
+            rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
+        return [
+            ClaimedRun(run=run_from_row(row), request=bytes(row["request"] or b"")) for row in rows
+        ]
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -302,7 +282,7 @@ class PostgresRunStore:
         log and the swap of the index. Returns the number of runs."""
         count = 0
         with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["lock_events"])
+            conn.execute(self.q["lock_for_rebuild"])
             conn.execute(self.q["delete_all_runs"])
             chunk: list[dict[str, Any]] = []
             with conn.cursor() as writer:
@@ -351,12 +331,11 @@ class PostgresRunStore:
     ) -> list[UUID]:
         """Remove up to `limit` runs due for purging, everywhere, in one transaction.
 
-        Holds the log lock (no writer may change the set meanwhile) and the reporting
-        runner's tracking row (no batch may fold a run half-purged); both are held for one
-        small batch only, so live workers wait milliseconds, not the whole purge.
+        Locks the runs' rows (their writers wait, then find them gone) and the reporting
+        runner's tracking row (no batch may fold a run half-purged), for one small batch
+        only, so live workers wait milliseconds, not the whole purge.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["lock_events"])
             conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
             conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
             rows = conn.execute(

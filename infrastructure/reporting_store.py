@@ -25,6 +25,7 @@ from steptrail.infrastructure.codec import decode_event
 from steptrail.projections.reporting import (
     DeadLetterRow,
     Notification,
+    Position,
     RunSummary,
     fold_batch,
 )
@@ -72,7 +73,7 @@ class ReportingStore:
 
     # -- maintaining ---------------------------------------------------------------------------
 
-    def process_batch(self, limit: int = 1000) -> tuple[int, int]:
+    def process_batch(self, limit: int = 1000) -> tuple[int, Position]:
         """Fold the next `limit` notifications into the views, exactly once.
 
         Returns (notifications consumed, position reached).
@@ -80,10 +81,13 @@ class ReportingStore:
         with self.d.reporting_write() as tx:
             tx.run("init_tracking", {"projection": PROJECTION})
             (row,) = tx.all("lock_tracking", {"projection": PROJECTION})
-            position = int(row["position"])
+            position: Position = (int(row["position_tx"]), int(row["position"]))
             notes = [
                 self._notification(r)
-                for r in tx.all("select_notifications", {"after": position, "limit": limit})
+                for r in tx.all(
+                    "select_notifications",
+                    {"after_tx": position[0], "after": position[1], "limit": limit},
+                )
             ]
             if not notes:
                 return 0, position
@@ -105,19 +109,28 @@ class ReportingStore:
             tx.many(
                 "upsert_dead_letter", [self._dead_letter_params(d) for d in result.dead_letters]
             )
-            tx.run("update_tracking", {"projection": PROJECTION, "position": result.position})
+            tx.run(
+                "update_tracking",
+                {
+                    "projection": PROJECTION,
+                    "position_tx": result.position[0],
+                    "position": result.position[1],
+                },
+            )
             return len(notes), result.position
 
     def catch_up(
         self, *, batch: int = 1000, progress: Callable[[int, int], None] | None = None
     ) -> int:
-        """Process batches until the views reach the log's head; returns events consumed."""
+        """Process batches until the views reach the log's head; returns events consumed.
+        `progress(done, total)` counts events."""
         total = 0
+        head = self.head() if progress is not None else 0
         while True:
-            consumed, position = self.process_batch(batch)
+            consumed, _ = self.process_batch(batch)
             total += consumed
             if progress is not None:
-                progress(position, self.head())
+                progress(total, max(head, total))
             if consumed < batch:
                 return total
 
@@ -133,12 +146,13 @@ class ReportingStore:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def position(self) -> int:
+    def position(self) -> Position:
         with self.d.reporting_read() as tx:
             rows = tx.all("select_tracking", {"projection": PROJECTION})
-        return int(rows[0]["position"]) if rows else 0
+        return (int(rows[0]["position_tx"]), int(rows[0]["position"])) if rows else (0, 0)
 
     def head(self) -> int:
+        """How many events the log holds (the total a rebuild works through)."""
         with self.d.reporting_read() as tx:
             return int(tx.all("max_notification_id", {})[0]["head"])
 
@@ -170,19 +184,20 @@ class ReportingStore:
         with self.d.reporting_read() as tx:
             return [self._dead_letter(r) for r in tx.all("select_all_dead_letters", {})]
 
-    def notifications(
-        self, *, after: int = 0, upto: int, batch: int = 5000
-    ) -> Iterator[Notification]:
-        """The log from `after` (exclusive) to `upto` (inclusive), in order."""
-        position = after
+    def notifications(self, *, upto: Position, batch: int = 5000) -> Iterator[Notification]:
+        """The log from its start to `upto` (inclusive), in reading order."""
+        position: Position = (0, 0)
         while position < upto:
             with self.d.reporting_read() as tx:
-                rows = tx.all("select_notifications", {"after": position, "limit": batch})
-            notes = [self._notification(r) for r in rows if r["notification_id"] <= upto]
+                rows = tx.all(
+                    "select_notifications",
+                    {"after_tx": position[0], "after": position[1], "limit": batch},
+                )
+            notes = [n for n in map(self._notification, rows) if n.position <= upto]
             if not notes:
                 return
             yield from notes
-            position = notes[-1].notification_id
+            position = notes[-1].position
 
     def health(self) -> Health:
         with self.d.reporting_read() as tx:
@@ -202,6 +217,7 @@ class ReportingStore:
         assert at is not None
         run_id = row["run_id"]
         return Notification(
+            tx=int(row["tx_id"]),
             notification_id=int(row["notification_id"]),
             run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
             version=int(row["version"]),

@@ -240,18 +240,27 @@ class SQLiteRunStore:
         self._wake_if_queued(run)
 
     def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
+        claimed = self.claim_batch(holder=holder, lease_ms=lease_ms, agents=agents, limit=1)
+        return claimed[0] if claimed else None
+
+    def claim_batch(
+        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+    ) -> list[ClaimedRun]:
+        claimed: list[ClaimedRun] = []
         with self._write() as (cur, at):
-            cur.execute(self.q["claim"], {"now": at, "agents": json.dumps(list(agents))})
-            row = cur.fetchone()
-            if row is None:
-                return None
-            run = run_from_row(row)
-            run.claim(holder=holder, lease_ms=lease_ms)
-            self._write_append(cur, run, at, None)
-            cur.execute(self.q["select_saved"], {"run_id": run.id.hex, "kind": REQUEST})
-            saved = cur.fetchone()
-        run.mark_committed()
-        return ClaimedRun(run=run, request=bytes(saved["body"]) if saved else b"")
+            cur.execute(
+                self.q["claim"], {"now": at, "agents": json.dumps(list(agents)), "limit": limit}
+            )
+            for row in cur.fetchall():
+                run = run_from_row(row)
+                run.claim(holder=holder, lease_ms=lease_ms)
+                self._write_append(cur, run, at, None)
+                cur.execute(self.q["select_saved"], {"run_id": run.id.hex, "kind": REQUEST})
+                saved = cur.fetchone()
+                claimed.append(ClaimedRun(run=run, request=bytes(saved["body"]) if saved else b""))
+        for item in claimed:
+            item.run.mark_committed()
+        return claimed
 
     # -- reads ---------------------------------------------------------------------------------
 

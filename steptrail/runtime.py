@@ -365,7 +365,7 @@ class Runtime:
             )
         if view in ("reporting", "all"):
             done["reporting"] = self.views.rebuild(
-                progress=(lambda pos, head: progress("reporting", pos, head)) if progress else None
+                progress=(lambda n, total: progress("reporting", n, total)) if progress else None
             )
         return done
 
@@ -393,7 +393,7 @@ class Runtime:
             dead = {d.run_id: _utc_dead(d) for d in views.all_dead_letters()}
             if views.position() == position:
                 break
-        scratch = fold_batch({}, views.notifications(after=0, upto=position))
+        scratch = fold_batch({}, views.notifications(upto=position))
         problems = _differences(
             "run summaries", live, {k: _utc_summary(v) for k, v in scratch.summaries.items()}
         )

@@ -16,7 +16,7 @@ from steptrail.domain.errors import StoreUnavailable
 
 
 class Views(Protocol):
-    def process_batch(self, limit: int = 1000) -> tuple[int, int]: ...
+    def process_batch(self, limit: int = 1000) -> tuple[int, tuple[int, int]]: ...
 
 
 class Projector:

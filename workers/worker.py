@@ -32,6 +32,8 @@ from steptrail.workers.execute import (
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
 
+MAX_CLAIM_BATCH = 16
+
 
 def holder_name(kind: str) -> str:
     """`<kind>:<host>:<pid>:<uuid>`: unique per process and per use, never just a host."""
@@ -79,7 +81,7 @@ class Worker:
         self.stopping = threading.Event()
         self.report = WorkerReport(holder=self.holder)
         self._in_flight = 0
-        self._lock = threading.Lock()
+        self._slot_freed = threading.Condition()
 
     def stop(self) -> None:
         """Stop claiming; runs in flight finish (a second signal may kill the process, and
@@ -92,44 +94,49 @@ class Worker:
     def run(self) -> WorkerReport:
         keeper = LeaseKeeper(self.config.lease_s)
         executor = Executor(self.store, self.app, self.config, keeper=keeper, log=self.log)
-        slots = threading.Semaphore(self.concurrency)
         agents = self.app.agent_names
+        lease_ms = round(self.config.lease_s * 1000)
         self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
         backoff = 0.1
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="steptrail-run") as pool:
             while not self.stopping.is_set():
-                if not slots.acquire(timeout=0.5):
-                    continue
+                with self._slot_freed:
+                    free = self.concurrency - self._in_flight
+                    if free == 0:
+                        self._slot_freed.wait(0.5)
+                        continue
                 try:
-                    claimed = self.store.claim(
+                    # As many runs as there are free slots, in one round trip (capped, so one
+                    # process does not hoard a burst that its peers could start sooner).
+                    claimed = self.store.claim_batch(
                         holder=self.holder,
-                        lease_ms=round(self.config.lease_s * 1000),
+                        lease_ms=lease_ms,
                         agents=agents,
+                        limit=min(free, MAX_CLAIM_BATCH),
                     )
                 except StoreUnavailable as error:
-                    slots.release()
                     self.log.warning("claim_failed", error=str(error)[:200])
                     self.stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
                 backoff = 0.1
-                if claimed is None:
-                    slots.release()
-                    with self._lock:
+                if not claimed:
+                    with self._slot_freed:
                         idle = self._in_flight == 0
                     if self.burst and idle:
                         break
                     self.store.wait_for_work(self.poll_interval)
                     continue
-                with self._lock:
-                    self._in_flight += 1
-                    self.report.claimed += 1
-                pool.submit(self._execute, executor, claimed, slots)
+                with self._slot_freed:
+                    self._in_flight += len(claimed)
+                    self.report.claimed += len(claimed)
+                for item in claimed:
+                    pool.submit(self._execute, executor, item)
         keeper.close()
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
 
-    def _execute(self, executor: Executor, claimed: ClaimedRun, slots: threading.Semaphore) -> None:
+    def _execute(self, executor: Executor, claimed: ClaimedRun) -> None:
         run = claimed.run
         log = self.log.bind(run_id=str(run.id), version=run.version)
         try:
@@ -140,18 +147,18 @@ class Worker:
                 request = {}
             result = executor.execute(run, request, resumable=resumable_of(self.store, run))
             log.info("segment_finished", outcome=result.outcome.value, version=result.version)
-            with self._lock:
+            with self._slot_freed:
                 self.report.outcomes[result.outcome.value] += 1
             if self.on_result is not None:
                 self.on_result(result)
         except Exception:  # a bug in steptrail or a callback; the run's lease will expire
             log.exception("segment_crashed")
-            with self._lock:
+            with self._slot_freed:
                 self.report.outcomes[Outcome.LEASE_LOST.value] += 1
         finally:
-            with self._lock:
+            with self._slot_freed:
                 self._in_flight -= 1
-            slots.release()
+                self._slot_freed.notify()
             wake = getattr(self.store, "wake", None)
             if wake is not None:
                 wake()

@@ -95,6 +95,8 @@ def test_workers__each_run_claimed_exactly_once(pg_url: str, tmp_path: Path) -> 
             assert isinstance(events[-1], Run.Completed)
         holders = Counter(e.actor for t in trails.values() for e in t if isinstance(e, Run.Claimed))
         assert len(holders) >= 2
+        rt.project()
+        assert rt.verify() == []
     finally:
         stop(procs)
         rt.close()
@@ -139,6 +141,8 @@ def test_crash__sigkilled_workers_runs_still_finish_once(pg_url: str, tmp_path: 
             assert row.status is RunStatus.COMPLETED or (
                 row.state.reason is TerminationReason.RETRIES_EXHAUSTED
             ), (run_id, row.state)
+        rt.project()
+        assert rt.verify() == []
     finally:
         stop(procs)
         rt.close()
@@ -189,6 +193,15 @@ def test_zombie__sigstopped_worker_resumed_after_reclaim_acts_no_more(
         rt.close()
 
 
+def backends(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def terminate_backends(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
@@ -213,7 +226,12 @@ def test_database_restart__workers_reconnect_and_nothing_is_lost(
             for i in range(2)
         ]
         assert wait_until(lambda: "run_claimed" in (tmp_path / "w1.log").read_text(), 30)
-        cut = [terminate_backends(pg_url) for _ in range(4) if time.sleep(0.5) is None]
+        cut = []
+        for _ in range(4):
+            time.sleep(0.4)
+            # Wait for the workers to have reconnected, so that every cut cuts something.
+            assert wait_until(lambda: backends(pg_url) > 0, 10, step=0.05)
+            cut.append(terminate_backends(pg_url))
         assert all(n > 0 for n in cut)
         assert not all_terminal(rt, ids), "the cuts must land while runs are in flight"
         deadline = time.monotonic() + 120

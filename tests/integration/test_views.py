@@ -114,11 +114,11 @@ def test_runner__killed_mid_batch_resumes_without_loss_or_double_count(
     views = ReportingStore(crashing)
     with pytest.raises(RuntimeError, match="killed"):
         views.process_batch(7)
-    assert runtime.views.position() == 0
+    assert runtime.views.position() == (0, 0)
     assert runtime.views.status_counts() == {}
     crashing.crash = False
     views.process_batch(7)
-    assert runtime.views.position() > 0
+    assert runtime.views.position() > (0, 0)
     runtime.project(batch=5)
     assert sum(runtime.views.status_counts().values()) == 6
     assert runtime.verify() == []
@@ -317,3 +317,43 @@ def test_views__random_lifecycles_rebuild_equals_live(runtime: Runtime, commands
             apply_command(runtime.store, runs, name, pick)
     runtime.project(batch=4)
     assert runtime.verify() == []
+
+
+def test_runner__waits_for_a_lower_id_that_commits_later(pg_url: str) -> None:
+    """PostgreSQL: an event whose transaction commits after a later-numbered one is still
+    folded — the runner reads only transactions older than any still running."""
+    import psycopg
+
+    from tests.conftest import make_runtime
+
+    rt = make_runtime(pg_url)
+    try:
+        slow = rt.store.load(rt.enqueue("scripted", {}))
+        fast = rt.enqueue("scripted", {})
+        rt.project()
+        assert slow is not None
+        slow.cancel(actor="slow-writer")
+        params = {**rt.store._params(slow), "expected": slow.committed_version}  # type: ignore[attr-defined]
+        from steptrail.infrastructure.store_base import encoded_events
+
+        events = encoded_events(slow)
+        params.update(
+            versions=[v for v, _, _ in events],
+            topics=[t for _, t, _ in events],
+            states=[s for _, _, s in events],
+            resumable=None,
+            drop_saved=True,
+            notify=False,
+        )
+        with psycopg.connect(pg_url) as conn:  # an open transaction: its id is taken now
+            conn.execute(rt.store.q["append"], params)
+            rt.cancel(fast, by="fast-writer")  # commits first, with a higher id
+            rt.project()
+            counts = rt.views.status_counts()
+            assert counts.get(("scripted", "cancelled")) is None, "must wait for the slow one"
+            conn.commit()
+        rt.project()
+        assert rt.views.status_counts() == {("scripted", "cancelled"): 2}
+        assert rt.verify() == []
+    finally:
+        rt.close()

@@ -1,5 +1,6 @@
--- Named queries for PostgreSQL. Every write runs inside one transaction sent as one pipeline
--- (one network round trip, one commit): BEGIN, lock_events, the statements, COMMIT.
+-- Named queries for PostgreSQL. Every write of the hot path is one statement in autocommit:
+-- one network round trip, one commit. Writers of one run queue on its index row; writers of
+-- different runs do not wait for each other (ADR 0012).
 
 -- name: create_migrations_table
 CREATE TABLE IF NOT EXISTS steptrail_schema_migrations (
@@ -19,26 +20,16 @@ SELECT version FROM steptrail_schema_migrations ORDER BY version;
 -- name: record_migration
 INSERT INTO steptrail_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
--- name: lock_events
--- Serialise the writers of the log until they commit, so notification ids are issued in
--- commit order and a reader tailing the log never passes a gap that fills in later. This is
--- the eventsourcing library's choice (PostgresApplicationRecorder._lock_table) and we keep
--- it: EXCLUSIVE mode still lets SELECTs run. It also gives every write the same lock order
--- (the log first, then one run row), so writers cannot deadlock. The lock is held for one
--- pipelined transaction only: no client round trip happens while it is held.
-LOCK TABLE steptrail_events IN EXCLUSIVE MODE;
-
--- name: insert_events
--- The primary key (originator_id, originator_version) is the fence: an append at a version
--- somebody already used fails here, and the whole transaction with it.
-INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
-SELECT * FROM unnest(
-    %(ids)s::uuid[], %(versions)s::bigint[], %(topics)s::text[], %(states)s::bytea[]
-);
+-- name: lock_for_rebuild
+-- Only a rebuild of the run index stops the world: every writer touches its run's row before
+-- the log, so locking the index first (then the log) waits for writers in flight and holds
+-- new ones back until the rebuilt index commits.
+LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE;
 
 -- name: insert_run
 -- A new run's row, creation event and saved request, unless its idempotency key is taken:
--- then nothing is inserted and no row comes back (the caller reads the existing run).
+-- then nothing is inserted and no row comes back (the caller reads the existing run). A
+-- queued run wakes idle workers (NOTIFY is delivered at commit).
 WITH new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
@@ -55,7 +46,7 @@ WITH new_run AS (
         now(), now()
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING run_id
+    RETURNING run_id, status, agent
 ), new_event AS (
     INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
     SELECT run_id, 1, %(topic)s, %(state)s FROM new_run
@@ -64,53 +55,33 @@ WITH new_run AS (
     SELECT run_id, 'request', %(request)s::bytea FROM new_run
     WHERE %(request)s::bytea IS NOT NULL
 )
-SELECT run_id FROM new_run;
+SELECT run_id,
+       CASE WHEN status = 'queued' THEN pg_notify('steptrail_queued', agent) END AS woken
+FROM new_run;
+-- name: append
+-- See steptrail_append (migration 0004): lock the row and check the version (the fence),
+-- then insert the events, maintain saved state and wake workers; one round trip.
+SELECT steptrail_append(
+    %(run_id)s, %(expected)s, %(versions)s, %(topics)s, %(states)s,
+    %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s, %(lease_ms)s,
+    %(claim_version)s, %(requeue_count)s, %(reason)s, %(idempotency_key)s, %(doc)s,
+    %(retry_delay_ms)s, %(resumable)s, %(drop_saved)s, %(notify)s
+);
 
--- name: update_run
--- The run index follows the events in the same transaction (projections.run_index.row_after
--- is the same rule in Python, used to rebuild). In SET, a bare column is the old value.
-UPDATE steptrail_runs SET
-    agent = %(agent)s,
-    status = %(status)s,
-    version = %(version)s,
-    segment = %(segment)s,
-    holder = %(holder)s,
-    lease_ms = %(lease_ms)s,
-    claim_version = %(claim_version)s,
-    requeue_count = %(requeue_count)s,
-    reason = %(reason)s,
-    idempotency_key = %(idempotency_key)s,
-    doc = %(doc)s,
-    lease_expires_at = CASE WHEN %(status)s = 'running'
-        THEN now() + %(lease_ms)s::bigint * interval '1 millisecond' END,
-    available_at = CASE
-        WHEN %(status)s <> 'queued' THEN NULL
-        WHEN status = 'queued' THEN available_at
-        ELSE now() + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-    updated_at = now()
-WHERE run_id = %(run_id)s;
 
--- name: put_saved
-INSERT INTO steptrail_saved (run_id, kind, body) VALUES (%(run_id)s, %(kind)s, %(body)s)
-ON CONFLICT (run_id, kind) DO UPDATE SET body = EXCLUDED.body;
-
--- name: drop_saved
-DELETE FROM steptrail_saved WHERE run_id = %(run_id)s;
-
--- name: notify_queued
--- Delivered at commit; idle workers LISTENing wake at once instead of polling.
-SELECT pg_notify('steptrail_queued', %(agent)s);
 
 -- name: claim
--- Take the queued run that became available first, in one statement: pick and lock its row,
--- append Claimed at the next version, and update the row to running under the new lease.
--- The Claimed payload does not depend on the run, so it is serialised by the caller; the
--- column updates are the Claimed fold (Run.Claimed.apply), which the rebuild test checks.
+-- Take up to `limit` queued runs that became available first, in one statement: lock their
+-- rows (skipping rows other claimers hold), append Claimed at each one's next version, and
+-- update the rows to running under the new lease. The row is locked before the log is
+-- written, like every writer. The Claimed payload does not depend on the run, so it is
+-- serialised by the caller; the column updates are the Claimed fold (Run.Claimed.apply),
+-- which the rebuild tests check.
 WITH picked AS (
     SELECT run_id, version FROM steptrail_runs
     WHERE status = 'queued' AND available_at <= now() AND agent = ANY(%(agents)s::text[])
     ORDER BY available_at, run_id
-    LIMIT 1
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed_event AS (
     INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
@@ -133,8 +104,8 @@ WITH picked AS (
 )
 SELECT c.*, s.body AS request
 FROM claimed AS c
-LEFT JOIN steptrail_saved AS s ON s.run_id = c.run_id AND s.kind = 'request';
-
+LEFT JOIN steptrail_saved AS s ON s.run_id = c.run_id AND s.kind = 'request'
+ORDER BY c.available_at NULLS FIRST, c.run_id;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 
@@ -205,27 +176,27 @@ ON CONFLICT (projection) DO NOTHING;
 -- name: lock_tracking
 -- One runner at a time per projection: the row lock is held until the batch commits, and a
 -- second runner then reads the position the first one left (no event processed twice).
-SELECT position FROM steptrail_tracking WHERE projection = %(projection)s FOR UPDATE;
-
+SELECT position, position_tx FROM steptrail_tracking
+WHERE projection = %(projection)s FOR UPDATE;
 -- name: select_tracking
-SELECT position FROM steptrail_tracking WHERE projection = %(projection)s;
-
+SELECT position, position_tx FROM steptrail_tracking WHERE projection = %(projection)s;
 -- name: update_tracking
-UPDATE steptrail_tracking SET position = %(position)s WHERE projection = %(projection)s;
-
+UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s
+WHERE projection = %(projection)s;
 -- name: select_notifications
--- Notification ids are issued in commit order (lock_events), so everything below the highest
--- id a reader sees is already visible: a gap is a rolled-back or purged id, never a late one.
-SELECT notification_id, originator_id AS run_id, originator_version AS version, recorded_at,
-       topic, state
+-- The log in commit-safe order (ADR 0012). Without a global lock a lower notification id can
+-- commit after a higher one, so the log is read by (inserting transaction, id), and only
+-- transactions older than the oldest one still running: none of those can still add a row,
+-- and every later transaction sorts after them. Gaps (rolled-back or purged ids) are passed.
+SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state
 FROM steptrail_events
-WHERE notification_id > %(after)s
-ORDER BY notification_id
+WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
+  AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ORDER BY tx_id, notification_id
 LIMIT %(limit)s;
-
 -- name: max_notification_id
-SELECT coalesce(max(notification_id), 0) AS head FROM steptrail_events;
-
+SELECT count(*) AS head FROM steptrail_events;
 -- name: select_summaries
 SELECT * FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
 
@@ -266,8 +237,7 @@ ON CONFLICT (run_id) DO UPDATE SET
 DELETE FROM steptrail_view_run_summaries;
 DELETE FROM steptrail_view_status_counts;
 DELETE FROM steptrail_view_dead_letters;
-UPDATE steptrail_tracking SET position = 0 WHERE projection = %(projection)s;
-
+UPDATE steptrail_tracking SET position = 0, position_tx = 0 WHERE projection = %(projection)s;
 -- name: select_status_counts
 SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
 ORDER BY agent, status;
@@ -301,16 +271,18 @@ SELECT count(*) AS n FROM steptrail_runs
 WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[]);
 
 -- name: select_purgeable
--- Oldest first. Runs under the log lock, so no writer can change the set before it is gone.
+-- Oldest first, each row locked: a writer of one of these runs waits, then finds it gone
+-- (its append fails like any fenced append). A row whose status changed meanwhile is
+-- re-checked against the condition and skipped if it no longer matches.
 SELECT run_id FROM steptrail_runs
 WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
 ORDER BY created_at, run_id
-LIMIT %(limit)s;
-
+LIMIT %(limit)s
+FOR UPDATE;
 -- name: purge_runs
 -- Everything that holds anything of these runs, in one transaction: the views (counts first,
 -- from the summaries the views themselves hold), the saved state, the log, the index; then
--- the tombstones. The caller holds the log lock and the reporting runner's tracking row.
+-- the tombstones. The caller holds the runs' rows and the reporting runner's tracking row.
 UPDATE steptrail_view_status_counts AS c SET count = c.count - d.n
 FROM (
     SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries

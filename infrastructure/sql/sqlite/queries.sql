@@ -10,9 +10,6 @@ CREATE TABLE IF NOT EXISTS steptrail_schema_migrations (
     applied_at INTEGER NOT NULL
 );
 
--- name: migration_lock
--- SQLite: the BEGIN IMMEDIATE around the migration is the lock; this reads nothing.
-SELECT 1;
 
 -- name: applied_migrations
 SELECT version FROM steptrail_schema_migrations ORDER BY version;
@@ -21,11 +18,9 @@ SELECT version FROM steptrail_schema_migrations ORDER BY version;
 INSERT INTO steptrail_schema_migrations (version, name, applied_at)
 VALUES (:version, :name, :at);
 
--- name: lock_events
--- SQLite: BEGIN IMMEDIATE already serialises every writer; this reads nothing.
-SELECT 1;
 
 -- name: insert_events
+-- SQLite only (PostgreSQL's steptrail_append does all four of these writes in one call).
 -- The UNIQUE (originator_id, originator_version) constraint is the fence.
 INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
 VALUES (:id, :version, :topic, :state, :at);
@@ -74,19 +69,17 @@ ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 -- name: drop_saved
 DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
--- name: notify_queued
--- SQLite has no LISTEN/NOTIFY: workers in this process are woken in memory, others poll.
-SELECT 1;
 
 -- name: claim
--- SQLite: the candidate only. Inside the IMMEDIATE transaction nobody else can write, so the
--- caller applies Run.claim and writes it with insert_events and update_run, then commits.
-SELECT * FROM steptrail_runs
+-- SQLite: the candidates only. Inside the IMMEDIATE transaction nobody else can write, so the
+-- caller applies Run.claim to each and writes it with insert_events and update_run. INDEXED
+-- BY because SQLite never gathers statistics on its own, and without them it would rather
+-- sort every queued run than walk this index.
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_claimable_idx
 WHERE status = 'queued' AND available_at <= :now
   AND agent IN (SELECT value FROM json_each(:agents))
 ORDER BY available_at, run_id
-LIMIT 1;
-
+LIMIT :limit;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = :run_id;
 
@@ -97,11 +90,10 @@ SELECT * FROM steptrail_runs WHERE idempotency_key = :idempotency_key;
 SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
 
 -- name: select_stale
-SELECT * FROM steptrail_runs
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
 WHERE status = 'running' AND lease_expires_at < :now
 ORDER BY lease_expires_at
 LIMIT :limit;
-
 -- name: select_history
 SELECT originator_version AS version, recorded_at, topic, state, notification_id
 FROM steptrail_events
@@ -141,9 +133,6 @@ INSERT INTO steptrail_runs (
 -- name: store_now
 SELECT :now AS now;
 
--- name: listen_queued
--- SQLite has no LISTEN; see notify_queued.
-SELECT 1;
 
 -- name: init_tracking
 INSERT INTO steptrail_tracking (projection, position) VALUES (:projection, 0)
@@ -151,26 +140,23 @@ ON CONFLICT (projection) DO NOTHING;
 
 -- name: lock_tracking
 -- SQLite: the IMMEDIATE transaction already excludes other runners.
-SELECT position FROM steptrail_tracking WHERE projection = :projection;
-
+SELECT position, position_tx FROM steptrail_tracking WHERE projection = :projection;
 -- name: select_tracking
-SELECT position FROM steptrail_tracking WHERE projection = :projection;
-
+SELECT position, position_tx FROM steptrail_tracking WHERE projection = :projection;
 -- name: update_tracking
-UPDATE steptrail_tracking SET position = :position WHERE projection = :projection;
-
+UPDATE steptrail_tracking SET position = :position, position_tx = :position_tx
+WHERE projection = :projection;
 -- name: select_notifications
--- SQLite writers are serialised, so ids commit in order; AUTOINCREMENT never reuses one.
-SELECT notification_id, originator_id AS run_id, originator_version AS version, recorded_at,
-       topic, state
+-- SQLite writers are serialised, so ids commit in order and the transaction part of the
+-- position is always 0; AUTOINCREMENT never reuses an id.
+SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state
 FROM steptrail_events
 WHERE notification_id > :after
 ORDER BY notification_id
 LIMIT :limit;
-
 -- name: max_notification_id
-SELECT coalesce(max(notification_id), 0) AS head FROM steptrail_events;
-
+SELECT count(*) AS head FROM steptrail_events;
 -- name: select_summaries
 SELECT * FROM steptrail_view_run_summaries
 WHERE run_id IN (SELECT value FROM json_each(:ids));
@@ -211,8 +197,7 @@ ON CONFLICT (run_id) DO UPDATE SET
 DELETE FROM steptrail_view_run_summaries;
 DELETE FROM steptrail_view_status_counts;
 DELETE FROM steptrail_view_dead_letters;
-UPDATE steptrail_tracking SET position = 0 WHERE projection = :projection;
-
+UPDATE steptrail_tracking SET position = 0, position_tx = 0 WHERE projection = :projection;
 -- name: select_status_counts
 SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
 ORDER BY agent, status;
