@@ -56,6 +56,11 @@ class DeadLetterRow:
     dead_lettered_at: datetime
 
 
+Position = tuple[int, int]
+"""Where a reader of the log stands: (inserting transaction, notification id). Readers go
+through the log in this order; on SQLite the transaction part is always 0 (ADR 0012)."""
+
+
 @dataclass(frozen=True)
 class Notification:
     """One event of the log, with its position and the store's time."""
@@ -65,6 +70,11 @@ class Notification:
     version: int
     recorded_at: datetime
     event: RunEvent
+    tx: int = 0
+
+    @property
+    def position(self) -> Position:
+        return (self.tx, self.notification_id)
 
 
 @dataclass
@@ -75,7 +85,7 @@ class BatchResult:
     summaries: dict[UUID, RunSummary] = field(default_factory=dict)
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
-    position: int = 0
+    position: Position = (0, 0)
 
 
 def summarise(previous: RunSummary | None, event: RunEvent, at: datetime) -> RunSummary:
@@ -102,7 +112,7 @@ def fold_batch(
     result = BatchResult()
     current: dict[UUID, RunSummary] = dict(previous)
     for note in notifications:
-        result.position = max(result.position, note.notification_id)
+        result.position = max(result.position, note.position)
         before = current.get(note.run_id)
         if before is None and not isinstance(note.event, (Run.Queued, Run.Started)):
             continue
