@@ -8,7 +8,9 @@ lock, so all rows of one commit share the same instant (ADR 0003).
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -66,6 +68,24 @@ def path_from_url(url: str) -> str:
     return str(Path(path).expanduser())
 
 
+def _configure(conn: object, cur: sqlite3.Cursor) -> None:
+    """Connection settings, applied once per pooled connection (outside any transaction).
+
+    * synchronous=NORMAL in WAL mode: a commit survives the process being killed (what a
+      worker crash is); only an OS crash may lose the latest commits.
+    * foreign_keys=ON: events must belong to a run in the index (migration 0003); SQLite
+      checks foreign keys only on connections that ask.
+    * secure_delete=ON: deleted content (settled runs' saved requests and resumable state,
+      purged runs) is overwritten in the file, not just unlinked.
+    """
+    if getattr(conn, "_steptrail_configured", False):
+        return
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA secure_delete=ON")
+    conn._steptrail_configured = True  # type: ignore[attr-defined]
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -99,6 +119,9 @@ class SQLiteRunStore:
             pool_timeout=BUSY_TIMEOUT_SECONDS,
         )
         self.q = queries(self.backend)
+        self._lock_fd: int | None = None
+        if not self.db_name.startswith("file:"):
+            self._lock_fd = os.open(f"{self.db_name}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -111,17 +134,21 @@ class SQLiteRunStore:
     # -- plumbing ------------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, *, secure_delete: bool = False) -> Iterator[tuple[sqlite3.Cursor, int]]:
-        """A cursor in an IMMEDIATE transaction, and the store's clock read inside it."""
+    def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
+        """A cursor in an IMMEDIATE transaction, and the store's clock read inside it.
+
+        Writers of this process take turns on the pool's writer lock. Writers of other
+        processes take turns on an flock of a file beside the database first: a waiting
+        process sleeps in the kernel and wakes the moment the lock is free, where SQLite's
+        own busy handler would poll with sleeps of 1 to 100 ms.
+        """
         try:
-            with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
-                # synchronous=NORMAL in WAL mode: a commit survives the process being killed
-                # (what a worker crash is); only an OS crash may lose the latest commits.
-                cur.execute("PRAGMA synchronous=NORMAL")
-                # Events must belong to a run in the index (migration 0003); SQLite checks
-                # foreign keys only on connections that ask.
-                cur.execute("PRAGMA foreign_keys=ON")
-                cur.execute(f"PRAGMA secure_delete={'ON' if secure_delete else 'OFF'}")
+            with (
+                self.datastore.get_connection(commit=True) as conn,
+                self._process_lock(),
+                conn.cursor() as cur,
+            ):
+                _configure(conn, cur)
                 cur.execute("BEGIN IMMEDIATE")
                 try:
                     yield cur, now_us()
@@ -147,7 +174,21 @@ class SQLiteRunStore:
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
+    @contextmanager
+    def _process_lock(self) -> Iterator[None]:
+        if self._lock_fd is None:
+            yield
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
     def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         self.datastore.close()
 
     # -- schema --------------------------------------------------------------------------------
@@ -379,8 +420,8 @@ class SQLiteRunStore:
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
     ) -> list[UUID]:
         """Remove up to `limit` runs due for purging, everywhere, in one transaction; deleted
-        pages are zeroed (secure_delete) so their content does not linger in the file."""
-        with self._write(secure_delete=True) as (cur, at):
+        content is overwritten (secure_delete) so it does not linger in the file."""
+        with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
                 {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "limit": limit},
