@@ -28,7 +28,7 @@ from eventsourcing.sqlite import SQLiteDatastore
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
-from steptrail.infrastructure.codec import decode_event
+from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
@@ -232,13 +232,14 @@ class SQLiteRunStore:
         return params
 
     def _insert_events(self, cur: sqlite3.Cursor, run: Run, at: int) -> None:
-        cur.executemany(
-            self.q["insert_events"],
-            [
-                {"id": run.id.hex, "version": v, "topic": t, "state": s, "at": at}
-                for v, t, s in encoded_events(run)
-            ],
-        )
+        cur.executemany(self.q["insert_events"], self._event_params(run, at))
+
+    @staticmethod
+    def _event_params(run: Run, at: int) -> list[dict[str, Any]]:
+        return [
+            {"id": run.id.hex, "version": v, "topic": t, "state": s, "at": at}
+            for v, t, s in encoded_events(run)
+        ]
 
     def create(self, run: Run, *, request: bytes | None) -> Run:
         with self._write() as (cur, at):
@@ -259,24 +260,26 @@ class SQLiteRunStore:
         self._wake_if_queued(run)
         return run
 
-    def _write_append(
-        self, cur: sqlite3.Cursor, run: Run, at: int, resumable: bytes | None
-    ) -> None:
-        self._insert_events(cur, run, at)
-        cur.execute(self.q["update_run"], self._params(run, at))
-        if resumable is not None:
-            cur.execute(
-                self.q["put_saved"], {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable}
-            )
-        drop, _ = side_effects(run.state)
-        if drop:
-            cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
-
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:
             return
+        # Everything is encoded before the write lock is taken; inside it only SQL runs.
+        events = self._event_params(run, 0)
+        params = self._params(run, 0)
+        drop, _ = side_effects(run.state)
         with self._write() as (cur, at):
-            self._write_append(cur, run, at, resumable)
+            for event in events:
+                event["at"] = at
+            params["at"] = at
+            cur.executemany(self.q["insert_events"], events)
+            cur.execute(self.q["update_run"], params)
+            if resumable is not None:
+                cur.execute(
+                    self.q["put_saved"],
+                    {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable},
+                )
+            if drop:
+                cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
 
@@ -287,20 +290,39 @@ class SQLiteRunStore:
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
     ) -> list[ClaimedRun]:
-        claimed: list[ClaimedRun] = []
+        topic, state = encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
+        candidates = {"agents": json.dumps(list(agents)), "limit": limit}
         with self._write() as (cur, at):
-            cur.execute(
-                self.q["claim"], {"now": at, "agents": json.dumps(list(agents)), "limit": limit}
-            )
-            for row in cur.fetchall():
-                run = run_from_row(row)
-                run.claim(holder=holder, lease_ms=lease_ms)
-                self._write_append(cur, run, at, None)
-                cur.execute(self.q["select_saved"], {"run_id": run.id.hex, "kind": REQUEST})
-                saved = cur.fetchone()
-                claimed.append(ClaimedRun(run=run, request=bytes(saved["body"]) if saved else b""))
-        for item in claimed:
-            item.run.mark_committed()
+            cur.execute(self.q["claim"], {**candidates, "now": at})
+            rows = cur.fetchall()
+            if rows:
+                cur.executemany(
+                    self.q["insert_events"],
+                    [
+                        {
+                            "id": r["run_id"],
+                            "version": r["version"] + 1,
+                            "topic": topic,
+                            "state": state,
+                            "at": at,
+                        }
+                        for r in rows
+                    ],
+                )
+                cur.executemany(
+                    self.q["claim_rows"],
+                    [
+                        {"run_id": r["run_id"], "holder": holder, "lease_ms": lease_ms, "at": at}
+                        for r in rows
+                    ],
+                )
+        claimed = []
+        for row in rows:
+            # The same Claimed fold the SQL just applied, done here outside the write lock.
+            run = run_from_row(row)
+            run.claim(holder=holder, lease_ms=lease_ms)
+            run.mark_committed()
+            claimed.append(ClaimedRun(run=run, request=bytes(row["request"] or b"")))
         return claimed
 
     # -- reads ---------------------------------------------------------------------------------

@@ -101,7 +101,9 @@ class Model:
     version: int = 1
     requeue_count: int = 0
     steps: int = 0
-    pending: list[tuple[int, Effect]] = field(default_factory=list)
+    # (step, effect, segment that recorded it): only that segment's result clears a marker.
+    pending: list[tuple[int, Effect, int]] = field(default_factory=list)
+    segment_no: int = 0
     waiting: WaitKind | None = None
     waiting_digest: str | None = None
     decided: bool = False
@@ -188,6 +190,7 @@ class RunMachine(RuleBasedStateMachine):
                 holder=holder,
                 segment=Segment.INTERACTIVE,
                 saved_request=False,
+                segment_no=1,
             )
         else:
             self.run = Run.enqueue(
@@ -207,6 +210,7 @@ class RunMachine(RuleBasedStateMachine):
 
         def update(_: Any) -> None:
             m.status, m.holder, m.segment = RunStatus.RUNNING, holder, Segment.WORKER
+            m.segment_no += 1
 
         self.attempt(
             m.status is RunStatus.QUEUED and lease_ms > 0,
@@ -223,7 +227,7 @@ class RunMachine(RuleBasedStateMachine):
             assert seq == m.steps
             # Only the write's own successful result clears its marker.
             if not errored:
-                m.pending = [p for p in m.pending if p[0] != seq]
+                m.pending = [p for p in m.pending if (p[0], p[2]) != (seq, m.segment_no)]
 
         self.attempt(
             m.running,
@@ -245,7 +249,7 @@ class RunMachine(RuleBasedStateMachine):
 
         def update(seq: Any) -> None:
             assert seq == m.steps + 1
-            m.pending.append((seq, effect))
+            m.pending.append((seq, effect, m.segment_no))
 
         self.attempt(
             m.running and effect is not Effect.READ_ONLY,
@@ -344,6 +348,7 @@ class RunMachine(RuleBasedStateMachine):
         def update(_: Any) -> None:
             m.status, m.holder, m.segment = RunStatus.RUNNING, holder, Segment.RESUME
             m.waiting = None
+            m.segment_no += 1
 
         self.attempt(
             m.is_waiting and m.decided and lease_ms > 0,
@@ -494,7 +499,7 @@ class RunMachine(RuleBasedStateMachine):
         assert s.holder == m.holder
         assert s.segment is m.segment
         assert s.steps == m.steps
-        assert [(p.seq, p.effect) for p in s.pending_effects] == m.pending
+        assert [(p.seq, p.effect) for p in s.pending_effects] == [(q, e) for q, e, _ in m.pending]
         assert s.has_saved_request is m.saved_request
         assert s.has_resumable_state is m.resumable
         assert (s.waiting is not None) == m.is_waiting

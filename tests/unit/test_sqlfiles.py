@@ -16,6 +16,7 @@ BACKEND_ONLY: dict[str, str] = {
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
     "lock_for_rebuild": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     "listen_queued": "PostgreSQL: SQLite has no LISTEN; its workers poll",
+    "claim_rows": "SQLite: PostgreSQL's claim updates the rows in its one statement",
 }
 
 

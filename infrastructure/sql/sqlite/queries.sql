@@ -71,15 +71,33 @@ DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
 
 -- name: claim
--- SQLite: the candidates only. Inside the IMMEDIATE transaction nobody else can write, so the
--- caller applies Run.claim to each and writes it with insert_events and update_run. INDEXED
+-- SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
+-- else can write; the caller inserts their Claimed events and runs claim_rows, then folds
+-- Claimed in Python after the commit, so the write lock is held for SQL work only. INDEXED
 -- BY because SQLite never gathers statistics on its own, and without them it would rather
 -- sort every queued run than walk this index.
-SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_claimable_idx
-WHERE status = 'queued' AND available_at <= :now
-  AND agent IN (SELECT value FROM json_each(:agents))
-ORDER BY available_at, run_id
+SELECT r.*, s.body AS request
+FROM steptrail_runs AS r INDEXED BY steptrail_runs_claimable_idx
+LEFT JOIN steptrail_saved AS s ON s.run_id = r.run_id AND s.kind = 'request'
+WHERE r.status = 'queued' AND r.available_at <= :now
+  AND r.agent IN (SELECT value FROM json_each(:agents))
+ORDER BY r.available_at, r.run_id
 LIMIT :limit;
+
+-- name: claim_rows
+-- SQLite only: the Claimed fold as column updates (PostgreSQL's claim does this in its one
+-- statement; the rebuild tests hold both to Run.Claimed.apply).
+UPDATE steptrail_runs SET
+    status = 'running',
+    version = version + 1,
+    segment = 'worker',
+    holder = :holder,
+    lease_ms = :lease_ms,
+    claim_version = version + 1,
+    lease_expires_at = :at + :lease_ms * 1000,
+    available_at = NULL,
+    updated_at = :at
+WHERE run_id = :run_id;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = :run_id;
 
