@@ -32,6 +32,7 @@ from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
+    ClaimsOne,
     encoded_events,
     run_from_row,
     side_effects,
@@ -69,7 +70,7 @@ def datastore_from_url(url: str, *, pool_size: int, schema: str = "") -> Postgre
     )
 
 
-class PostgresRunStore:
+class PostgresRunStore(ClaimsOne):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
 
     backend = "postgres"
@@ -194,10 +195,6 @@ class PostgresRunStore:
         with self._connection() as conn:
             conn.execute(self.q["append"], params, prepare=True)
         run.mark_committed()
-
-    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
-        claimed = self.claim_batch(holder=holder, lease_ms=lease_ms, agents=agents, limit=1)
-        return claimed[0] if claimed else None
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

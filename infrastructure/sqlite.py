@@ -33,6 +33,7 @@ from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
+    ClaimsOne,
     encoded_events,
     run_from_row,
     side_effects,
@@ -103,7 +104,7 @@ def to_us(value: datetime | None) -> int | None:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-class SQLiteRunStore:
+class SQLiteRunStore(ClaimsOne):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 
     backend = "sqlite"
@@ -282,10 +283,6 @@ class SQLiteRunStore:
                 cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
-
-    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
-        claimed = self.claim_batch(holder=holder, lease_ms=lease_ms, agents=agents, limit=1)
-        return claimed[0] if claimed else None
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

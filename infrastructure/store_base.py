@@ -4,9 +4,11 @@ into runs, so the SQL is the only thing that differs between them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from steptrail.domain.enums import RunStatus
+from steptrail.domain.ports import ClaimedRun
 from steptrail.domain.run import Run, RunState
 from steptrail.infrastructure.codec import encode_event
 from steptrail.projections.run_index import COLUMN_FIELDS, join_state, split_state
@@ -39,6 +41,19 @@ def run_from_row(row: RowLike) -> Run:
     if isinstance(document, (str, bytes)):
         document = json.loads(document)
     return Run(join_state({k: row[k] for k in COLUMN_FIELDS}, document))
+
+
+class ClaimsOne:
+    """`claim` as a batch of one, for stores whose `claim_batch` does the work."""
+
+    def claim_batch(
+        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+    ) -> list[ClaimedRun]:
+        raise NotImplementedError
+
+    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
+        claimed = self.claim_batch(holder=holder, lease_ms=lease_ms, agents=agents, limit=1)
+        return claimed[0] if claimed else None
 
 
 def side_effects(state: RunState) -> tuple[bool, bool]:

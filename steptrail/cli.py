@@ -111,6 +111,21 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
         rt.close()
 
 
+@contextmanager
+def progress_bars(describe: Callable[[str], str]) -> Iterator[Callable[[str, int, int], None]]:
+    """Progress bars on stderr, one per named task; yields `advance(name, done, total)`."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def advance(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(describe(name), total=total or None)
+            bar.update(tasks[name], completed=done, total=max(total, done) or None)
+
+        yield advance
+
+
 def parse_run_id(value: str) -> UUID:
     try:
         return UUID(value)
@@ -455,25 +470,11 @@ def rebuild(
 ) -> None:
     """Drop views and rebuild them from the event log, with a progress bar. Rebuilding the
     run index pauses writers for its duration."""
-    with (
-        runtime(ctx) as rt,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar,
-    ):
-        tasks: dict[str, Any] = {}
 
-        def progress(name: str, done: int, total: int) -> None:
-            if name not in tasks:
-                unit = "runs" if name == "run-index" else "events"
-                tasks[name] = bar.add_task(f"{name} ({unit})", total=total or None)
-            bar.update(tasks[name], completed=done, total=max(total, done) or None)
+    def describe(name: str) -> str:
+        return f"{name} ({'runs' if name == 'run-index' else 'events'})"
 
+    with runtime(ctx) as rt, progress_bars(describe) as progress:
         try:
             done = rt.rebuild(view, progress=progress)
         except ValueError as error:
@@ -639,24 +640,7 @@ def purge(
     state), leaving a tombstone per run. Terminal runs follow the agent_run window, all other
     runs the approval window; both default to STEPTRAIL_RETENTION_DAYS (30). Safe to
     interrupt and run again."""
-    with (
-        runtime(ctx) as rt,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar,
-    ):
-        tasks: dict[str, Any] = {}
-
-        def progress(category: str, done: int, total: int) -> None:
-            if category not in tasks:
-                tasks[category] = bar.add_task(f"purging {category}", total=total)
-            bar.update(tasks[category], completed=done, total=total)
-
+    with runtime(ctx) as rt, progress_bars(lambda category: f"purging {category}") as progress:
         report = rt.purge(days, batch=batch, progress=progress)
     if as_json:
         emit_json(report.as_dict())
