@@ -386,3 +386,24 @@ def test_enqueue__unserialisable_request_fails_closed(runtime: Runtime) -> None:
     with pytest.raises(InvalidRequest):
         runtime.enqueue("free", {"when": object()})
     assert runtime.store.all_rows() == []
+
+
+def test_idle_worker__woken_by_new_work_not_by_polling(pg_url: str) -> None:
+    """PostgreSQL: an idle worker polling only every 30 s still starts a new run at once,
+    because the enqueue's NOTIFY wakes it."""
+    rt = make_runtime(pg_url, poll_interval=30)
+    try:
+        results: list[Any] = []
+        worker = rt.worker(on_result=results.append)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        time.sleep(1.0)  # let it find the queue empty and go to sleep on LISTEN
+        rt.enqueue("scripted", {"steps": 1})
+        deadline = time.monotonic() + 10
+        while not results and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.stop()
+        thread.join(10)
+        assert [r.outcome for r in results] == [Outcome.COMPLETED]
+    finally:
+        rt.close()
