@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -141,6 +141,21 @@ def fold_batch(
                 )
             )
     return result
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.astimezone(UTC) if value is not None else None
+
+
+def normalise_summary(s: RunSummary) -> RunSummary:
+    """The summary with instants in UTC, so rows from different backends compare equal."""
+    return replace(
+        s, created_at=_utc(s.created_at), updated_at=_utc(s.updated_at), ended_at=_utc(s.ended_at)
+    )
+
+
+def normalise_dead_letter(d: DeadLetterRow) -> DeadLetterRow:
+    return replace(d, dead_lettered_at=_utc(d.dead_lettered_at) or d.dead_lettered_at)
 
 
 def counts_from(summaries: Iterable[RunSummary]) -> Counter[tuple[str, str]]:

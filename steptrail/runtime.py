@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 from uuid import UUID, uuid4
@@ -28,13 +26,8 @@ from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlite import SQLiteRunStore
-from steptrail.projections.reporting import (
-    DeadLetterRow,
-    RunSummary,
-    counts_from,
-    fold_batch,
-)
-from steptrail.projections.run_index import RunRow, normalise, rebuild_rows
+from steptrail.projections.run_index import RunRow
+from steptrail.workers import maintenance
 from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
 from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
 from steptrail.workers.lease import LeaseKeeper
@@ -352,22 +345,10 @@ class Runtime:
     ) -> dict[str, int]:
         """Drop and rebuild views from the log: `run-index`, `reporting` or `all`.
 
-        The run index is rebuilt in one transaction holding the log lock (writers pause);
-        the reporting views are emptied and refolded batch by batch.
+        The run index is rebuilt in one transaction that pauses writers; the reporting
+        views are emptied and refolded batch by batch. Raises ValueError for another name.
         """
-        if view not in REBUILDABLE:
-            raise ValueError(f"unknown view {view!r}; choose from {', '.join(REBUILDABLE)}")
-        done: dict[str, int] = {}
-        if view in ("run-index", "all"):
-            head = self.views.head()
-            done["run-index"] = self.store.rebuild_index(
-                (lambda n: progress("run-index", n, head)) if progress else None
-            )
-        if view in ("reporting", "all"):
-            done["reporting"] = self.views.rebuild(
-                progress=(lambda n, total: progress("reporting", n, total)) if progress else None
-            )
-        return done
+        return maintenance.rebuild(self.store, self.views, view, progress=progress)
 
     def verify(self) -> list[str]:
         """Rebuild every view in memory from the log and list how the live ones differ."""
@@ -375,35 +356,11 @@ class Runtime:
 
     def verify_index(self) -> list[str]:
         """Differences between the live run index and one rebuilt from the log."""
-        live = {r.run_id: normalise(r) for r in self.store.all_rows()}
-        rebuilt = {
-            r.run_id: normalise(r)
-            for r in rebuild_rows((i, e, at) for i, e, at in self.store.iter_log())
-        }
-        return _differences("run index", live, rebuilt)
+        return maintenance.verify_index(self.store)
 
     def verify_views(self) -> list[str]:
-        """Differences between the live reporting views and a fold of the log up to the same
-        position (a scratch copy in memory)."""
-        views = self.views
-        for _ in range(5):
-            position = views.position()
-            live = {s.run_id: _utc_summary(s) for s in views.summaries()}
-            counts = views.status_counts()
-            dead = {d.run_id: _utc_dead(d) for d in views.all_dead_letters()}
-            if views.position() == position:
-                break
-        scratch = fold_batch({}, views.notifications(upto=position))
-        problems = _differences(
-            "run summaries", live, {k: _utc_summary(v) for k, v in scratch.summaries.items()}
-        )
-        expected = {k: v for k, v in counts_from(scratch.summaries.values()).items() if v}
-        if counts != expected:
-            problems.append(f"status counts: live {counts} != rebuilt {expected}")
-        problems += _differences(
-            "dead letters", dead, {d.run_id: _utc_dead(d) for d in scratch.dead_letters}
-        )
-        return problems
+        """Differences between the live reporting views and a scratch fold of the log."""
+        return maintenance.verify_views(self.views)
 
     def _request_body(self, agent: str, request: Mapping[str, Any] | None) -> bytes:
         spec = self.app.get(agent)
@@ -432,34 +389,6 @@ class Runtime:
         return Executor(
             self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
         )
-
-
-REBUILDABLE = ("all", "run-index", "reporting")
-
-
-def _differences(what: str, live: Mapping[Any, Any], rebuilt: Mapping[Any, Any]) -> list[str]:
-    problems = [f"{what} {k}: live but not in the log" for k in live.keys() - rebuilt.keys()]
-    problems += [f"{what} {k}: in the log but not live" for k in rebuilt.keys() - live.keys()]
-    problems += [
-        f"{what} {k}: live {live[k]} != rebuilt {rebuilt[k]}"
-        for k in live.keys() & rebuilt.keys()
-        if live[k] != rebuilt[k]
-    ]
-    return sorted(problems)
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    return value.astimezone(UTC) if value is not None else None
-
-
-def _utc_summary(s: RunSummary) -> RunSummary:
-    return replace(
-        s, created_at=_utc(s.created_at), updated_at=_utc(s.updated_at), ended_at=_utc(s.ended_at)
-    )
-
-
-def _utc_dead(d: DeadLetterRow) -> DeadLetterRow:
-    return replace(d, dead_lettered_at=_utc(d.dead_lettered_at) or d.dead_lettered_at)
 
 
 def open_runtime(

@@ -1,0 +1,21 @@
+"""The `steptrail` command line: `steptrail --help` lists the commands.
+
+The commands live in `runs`, `people` and `views`; importing them registers them on the one
+Typer app defined in `app`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from steptrail.cli.app import cli
+
+__all__ = ["cli", "main"]
+
+# Registration order is the order `--help` lists the commands in.
+for _module in ("runs", "people", "views"):
+    importlib.import_module(f"steptrail.cli.{_module}")
+
+
+def main() -> None:
+    cli()

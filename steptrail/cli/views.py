@@ -1,0 +1,222 @@
+"""Commands over the views and the log's upkeep: stats, dead-letters, audit, project,
+rebuild, verify, purge."""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from steptrail.cli.app import (
+    cli,
+    emit_json,
+    fail,
+    out,
+    parse_run_id,
+    progress_bars,
+    runtime,
+    stop_on_signals,
+)
+from steptrail.render import event_dict, trail_table
+
+
+@cli.command()
+def stats(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Counts by agent and status, and by reason; the oldest queued run's age and the number
+    of expired leases (from the live run index)."""
+    with runtime(ctx) as rt:
+        rt.project()
+        views = rt.views
+        counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
+    oldest = (
+        (health.now - health.oldest_queued_at).total_seconds()
+        if health.oldest_queued_at is not None
+        else None
+    )
+    if as_json:
+        emit_json(
+            {
+                "by_status": [
+                    {"agent": a, "status": s, "count": n} for (a, s), n in counts.items()
+                ],
+                "by_reason": [
+                    {"status": s, "reason": r, "count": n} for (s, r), n in reasons.items()
+                ],
+                "oldest_queued_age_seconds": oldest,
+                "stale_leases": health.stale_leases,
+            }
+        )
+        return
+    table = Table(title="Runs by agent and status")
+    for column in ("agent", "status", "count"):
+        table.add_column(column)
+    for (agent, status), n in counts.items():
+        table.add_row(agent, status, str(n))
+    out.print(table)
+    by_reason = Table(title="Ended runs by reason")
+    for column in ("status", "reason", "count"):
+        by_reason.add_column(column)
+    for (status, reason), n in reasons.items():
+        by_reason.add_row(status, reason, str(n))
+    out.print(by_reason)
+    out.print(f"oldest queued run: {f'{oldest:.1f} s' if oldest is not None else 'none queued'}")
+    out.print(f"expired leases (stale runs awaiting the reaper): {health.stale_leases}")
+
+
+@cli.command("dead-letters")
+def dead_letters(
+    ctx: typer.Context,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Dead-lettered runs, newest first: reason, failure class, requeues, when."""
+    with runtime(ctx) as rt:
+        rt.project()
+        rows = rt.views.dead_letters(limit=limit, agent=agent)
+    if as_json:
+        emit_json(
+            [
+                {
+                    **vars(r),
+                    "run_id": str(r.run_id),
+                    "dead_lettered_at": r.dead_lettered_at.isoformat(),
+                }
+                for r in rows
+            ]
+        )
+        return
+    table = Table(title="Dead letters")
+    for column in ("run", "agent", "reason", "cause", "failure", "requeues", "when"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(
+            str(r.run_id),
+            r.agent,
+            r.reason,
+            r.cause,
+            f"{r.failure_class or '-'} ({r.error_type or '-'})",
+            str(r.requeue_count),
+            r.dead_lettered_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    out.print(table)
+
+
+@cli.command()
+def audit(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    at: Annotated[int, typer.Option("--at", min=1, help="The version to look at.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A run's state as of any version, replayed from its log, and the events up to it."""
+    rid = parse_run_id(run_id)
+    with runtime(ctx) as rt:
+        try:
+            state, events = rt.audit(rid, at)
+        except ValueError as error:
+            fail(str(error), 2)
+    if as_json:
+        emit_json(
+            {"state": state.model_dump(mode="json"), "events": [event_dict(e) for e in events]}
+        )
+        return
+    table = Table(title=f"Run {rid} at version {at}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in state.model_dump(mode="json").items():
+        table.add_row(key, str(value))
+    out.print(table)
+    out.print(trail_table(events))
+
+
+@cli.command()
+def project(
+    ctx: typer.Context,
+    every: Annotated[
+        float | None,
+        typer.Option(
+            "--every",
+            min=0.05,
+            metavar="SECONDS",
+            help="Keep the views up to date, looking every SECONDS.",
+        ),
+    ] = None,
+) -> None:
+    """Bring the reporting views up to the log (workers also do this in the background)."""
+    with runtime(ctx) as rt:
+        if every is None:
+            out.print(f"projected {rt.project()} event(s)")
+            return
+        stop = threading.Event()
+        stop_on_signals(stop.set)
+        rt.projector().run_forever(every, stop)
+
+
+@cli.command()
+def rebuild(
+    ctx: typer.Context,
+    view: Annotated[
+        str, typer.Argument(help="run-index, reporting (summaries, counts, dead letters) or all.")
+    ] = "all",
+) -> None:
+    """Drop views and rebuild them from the event log, with a progress bar. Rebuilding the
+    run index pauses writers for its duration."""
+
+    def describe(name: str) -> str:
+        return f"{name} ({'runs' if name == 'run-index' else 'events'})"
+
+    with runtime(ctx) as rt, progress_bars(describe) as progress:
+        try:
+            done = rt.rebuild(view, progress=progress)
+        except ValueError as error:
+            fail(str(error), 2)
+    for name, count in done.items():
+        out.print(f"rebuilt {name}: {count} {'runs' if name == 'run-index' else 'events'}")
+
+
+@cli.command()
+def verify(ctx: typer.Context) -> None:
+    """Rebuild every view from the log into a scratch copy and report any difference from
+    the live views (exit 1 on drift)."""
+    with runtime(ctx) as rt:
+        problems = rt.verify()
+        for problem in problems:
+            out.print(problem)
+        out.print(f"{len(problems)} difference(s) between the live views and the log")
+        if problems:
+            raise typer.Exit(1)
+
+
+@cli.command()
+def purge(
+    ctx: typer.Context,
+    days: Annotated[
+        int | None,
+        typer.Option(
+            "--days",
+            min=1,
+            help="Purge runs created more than N days ago, whatever "
+            "their category (overrides every retention window).",
+        ),
+    ] = None,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, help="Runs removed per transaction.")
+    ] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Remove runs past their retention window from every table (log, index, views, saved
+    state), leaving a tombstone per run. Terminal runs follow the agent_run window, all other
+    runs the approval window; both default to STEPTRAIL_RETENTION_DAYS (30). Safe to
+    interrupt and run again."""
+    with runtime(ctx) as rt, progress_bars(lambda category: f"purging {category}") as progress:
+        report = rt.purge(days, batch=batch, progress=progress)
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        out.print(report.summary())
