@@ -1,5 +1,6 @@
-"""Fault injection with real worker processes on one PostgreSQL database: claim exactly
-once, SIGKILL crashes, a SIGSTOPped zombie, and connections cut under load.
+"""Fault injection with real worker processes sharing one database: claim exactly once,
+SIGKILL crashes and a SIGSTOPped zombie on SQLite and PostgreSQL; connections cut under
+load and the poison-run guard on PostgreSQL.
 
 Short leases keep these fast; every loop is bounded by a deadline.
 """
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -79,14 +79,14 @@ def check_trails(rt: Runtime, ids: list[UUID]) -> dict[UUID, list[Any]]:
     return trails
 
 
-def test_workers__each_run_claimed_exactly_once(pg_url: str, tmp_path: Path) -> None:
+def test_workers__each_run_claimed_exactly_once(db_url: str, tmp_path: Path) -> None:
     """Four worker processes drain one queue; every run is claimed once and completed."""
-    rt = make_runtime(pg_url, lease_seconds=30)
+    rt = make_runtime(db_url, lease_seconds=30)
     procs: list[subprocess.Popen[Any]] = []
     try:
         ids = [rt.enqueue("scripted", {"steps": 1}) for _ in range(150)]
         procs = [
-            spawn_worker(pg_url, "--concurrency", "3", log=tmp_path / f"w{i}.log") for i in range(4)
+            spawn_worker(db_url, "--concurrency", "3", log=tmp_path / f"w{i}.log") for i in range(4)
         ]
         assert wait_until(lambda: all_terminal(rt, ids), 90)
         trails = check_trails(rt, ids)
@@ -102,17 +102,17 @@ def test_workers__each_run_claimed_exactly_once(pg_url: str, tmp_path: Path) -> 
         rt.close()
 
 
-def test_crash__sigkilled_workers_runs_still_finish_once(pg_url: str, tmp_path: Path) -> None:
+def test_crash__sigkilled_workers_runs_still_finish_once(db_url: str, tmp_path: Path) -> None:
     """Workers are SIGKILLed at random while the reaper runs; every run ends exactly once,
     and a run that lost its worker finished after a reclaim or was dead-lettered for it."""
-    rt = make_runtime(pg_url, lease_seconds=1.5)
+    rt = make_runtime(db_url, lease_seconds=1.5)
     rng = random.Random(7)
     procs: list[subprocess.Popen[Any]] = []
     env = {"STEPTRAIL_LEASE_SECONDS": "1.5"}
     try:
         ids = [rt.enqueue("scripted", {"steps": 6, "sleep": 0.1}) for _ in range(60)]
         procs = [
-            spawn_worker(pg_url, "--concurrency", "4", log=tmp_path / f"w{i}.log", **env)
+            spawn_worker(db_url, "--concurrency", "4", log=tmp_path / f"w{i}.log", **env)
             for i in range(3)
         ]
         reaper = rt.reaper()
@@ -126,7 +126,7 @@ def test_crash__sigkilled_workers_runs_still_finish_once(pg_url: str, tmp_path: 
                 procs[victim].wait()
                 kills += 1
                 procs[victim] = spawn_worker(
-                    pg_url, "--concurrency", "4", log=tmp_path / f"r{kills}.log", **env
+                    db_url, "--concurrency", "4", log=tmp_path / f"r{kills}.log", **env
                 )
                 next_kill = time.monotonic() + rng.uniform(0.3, 0.7)
             reaper.reap_once(50)
@@ -153,27 +153,30 @@ def holder_events(trail: list[Any], holder: str) -> list[str]:
 
 
 def test_zombie__sigstopped_worker_resumed_after_reclaim_acts_no_more(
-    pg_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path
 ) -> None:
     """A worker paused past its lease is reclaimed; another finishes the run; resumed, the
     zombie records nothing, settles nothing, runs no write tool, and reports lease_lost."""
-    rt = make_runtime(pg_url, app=agents.app, lease_seconds=1.0)
+    rt = make_runtime(db_url, app=agents.app, lease_seconds=1.0)
     witness = tmp_path / "emails.txt"
     env = {"STEPTRAIL_LEASE_SECONDS": "1.0"}
     zombie_log = tmp_path / "zombie.log"
     procs: list[subprocess.Popen[Any]] = []
     try:
         run_id = rt.enqueue("witnessed", {"steps": 4, "sleep": 0.4, "witness": str(witness)})
-        zombie = spawn_worker(pg_url, log=zombie_log, **env)
+        zombie = spawn_worker(db_url, log=zombie_log, **env)
         procs.append(zombie)
         assert wait_until(
             lambda: any(isinstance(h.event, Run.StepRecorded) for h in rt.history(run_id)), 30
         )
+        # Pause it in the middle of a step, not in the millisecond of an append (on SQLite
+        # a writer paused while holding the database's write lock would stall everyone).
+        time.sleep(0.1)
         zombie.send_signal(signal.SIGSTOP)
         zombie_holder = rt.get(run_id).state.holder
         assert zombie_holder is not None
         assert wait_until(lambda: rt.reap().requeued == 1, 10, step=0.2)
-        procs.append(spawn_worker(pg_url, log=tmp_path / "rescuer.log", **env))
+        procs.append(spawn_worker(db_url, log=tmp_path / "rescuer.log", **env))
         assert wait_until(lambda: rt.get(run_id).status.is_terminal, 30)
         before = [h.event for h in rt.history(run_id)]
         zombie.send_signal(signal.SIGCONT)
@@ -248,11 +251,6 @@ def test_database_restart__workers_reconnect_and_nothing_is_lost(
         rt.close()
 
 
-def test_fault_tests_run_on_postgres_only() -> None:
-    """These tests need real processes on one server; SQLite's are in tests/integration."""
-    assert os.name == "posix"
-
-
 def test_poison_run__crashing_every_worker_ends_retries_exhausted(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -280,4 +278,21 @@ def test_poison_run__crashing_every_worker_ends_retries_exhausted(
         assert rt.get(healthy).status is RunStatus.COMPLETED
     finally:
         stop(procs)
+        rt.close()
+
+
+def test_sigterm__worker_finishes_runs_in_flight_then_exits(db_url: str, tmp_path: Path) -> None:
+    """The first SIGTERM stops claiming and lets the run in flight finish; the worker then
+    exits cleanly and the next queued run is left for another worker."""
+    rt = make_runtime(db_url, lease_seconds=30)
+    try:
+        slow = rt.enqueue("scripted", {"steps": 4, "sleep": 0.3})
+        later = rt.enqueue("scripted", {"steps": 1})
+        worker = spawn_worker(db_url, log=tmp_path / "w.log")
+        assert wait_until(lambda: rt.get(slow).status is RunStatus.RUNNING, 30)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        assert rt.get(slow).status is RunStatus.COMPLETED
+        assert rt.get(later).status is RunStatus.QUEUED
+    finally:
         rt.close()
