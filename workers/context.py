@@ -375,16 +375,7 @@ class RunContext:
                 cost=cost,
             )
 
-        seq = self._segment.defer(record)
-        self.log.info(
-            "step_finished",
-            seq=seq,
-            kind=kind,
-            step=name,
-            duration_ms=duration_ms,
-            version=self._segment.run.version,
-            error_type=error_type,
-        )
+        self._segment.defer(record)
 
 
 def _bind(

@@ -35,7 +35,7 @@ import structlog
 from steptrail.domain.enums import Outcome, RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import RunStore
-from steptrail.domain.run import Run, RunState
+from steptrail.domain.run import Run, RunEvent, RunState
 
 Clock = Callable[[], float]
 Checkpoint = tuple[RunState, int]
@@ -176,6 +176,7 @@ class Segment:
         `checkpoint` is dropped, earlier pending events stay pending) so the caller can try
         again later. Raises LeaseLost when the run is lost or the segment fenced itself."""
         delay = 0.05
+        batch = self.run.pending_events
         while True:
             try:
                 self.store.append(self.run, resumable=resumable)
@@ -199,6 +200,7 @@ class Segment:
                 delay = min(delay * 2, 1.0)
                 continue
             self.last_ok = self.clock()
+            self._log_recorded(batch)
             return True
 
     def _resolve_ambiguity(self, checkpoint: Checkpoint, error: StoreUnavailable) -> bool:
@@ -213,13 +215,31 @@ class Segment:
             self._lose(Outcome.LEASE_LOST, "the run no longer exists")
         assert current is not None
         if current.version == self.run.version and current.state == self.run.state:
+            landed = self.run.pending_events
             self.run.mark_committed()
+            self._log_recorded(landed)
             self.last_ok = self.clock()
             return True
         if current.version != self.run.committed_version:
             self.run.restore(checkpoint)
             self._lose_to(current)
         return False
+
+    def _log_recorded(self, batch: tuple[RunEvent, ...]) -> None:
+        """`step_recorded` once a step's record is in the log (not when the step ended)."""
+        version = self.run.committed_version - len(batch)
+        for event in batch:
+            version += 1
+            if isinstance(event, Run.StepRecorded):
+                self.log.info(
+                    "step_recorded",
+                    seq=event.seq,
+                    kind=event.kind,
+                    step=event.name,
+                    duration_ms=event.duration_ms,
+                    version=version,
+                    error_type=event.error_type,
+                )
 
     def _lose_to_whoever_appended(self) -> None:
         try:
