@@ -162,7 +162,8 @@ def main_options(
     ctx.obj = Options(app_ref=app, database_url=database_url)
 
 
-def stop_on_signals(stop: Callable[[], None]) -> None:
+def stop_on_signals(stop: Callable[[], None], message: str = "stopping") -> None:
+    """Call `stop` on the first SIGINT/SIGTERM; exit at once on the second."""
     if threading.current_thread() is not threading.main_thread():
         return
     seen = {"count": 0}
@@ -171,7 +172,7 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
         seen["count"] += 1
         if seen["count"] > 1:
             raise SystemExit(130)
-        err.print("stopping: finishing runs in flight (signal again to exit now)")
+        err.print(f"{message} (signal again to exit now)")
         stop()
 
     signal.signal(signal.SIGINT, handler)

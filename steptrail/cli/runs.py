@@ -89,7 +89,7 @@ def work(
     reclaims those runs when their leases expire)."""
     with runtime(ctx) as rt:
         worker = rt.worker(concurrency=concurrency, burst=burst)
-        stop_on_signals(worker.stop)
+        stop_on_signals(worker.stop, "stopping: finishing runs in flight")
         stop_views = threading.Event()
         projector = threading.Thread(
             target=rt.projector().run_forever,

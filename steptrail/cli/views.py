@@ -12,6 +12,7 @@ from rich.table import Table
 from steptrail.cli.app import (
     cli,
     emit_json,
+    err,
     fail,
     out,
     parse_run_id,
@@ -220,3 +221,39 @@ def purge(
         emit_json(report.as_dict())
     else:
         out.print(report.summary())
+
+
+@cli.command()
+def metrics(
+    ctx: typer.Context,
+    serve: Annotated[
+        int | None,
+        typer.Option(
+            "--serve",
+            metavar="PORT",
+            min=1,
+            max=65535,
+            help="Serve the metrics over HTTP on this port (for Prometheus to scrape) "
+            "instead of printing them once.",
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Prometheus metrics read from the views: runs by agent and status, ended runs by
+    reason, the oldest queued run's age, expired leases."""
+    from prometheus_client import generate_latest, start_http_server
+
+    from steptrail.metrics import registry_for
+
+    with runtime(ctx) as rt:
+        registry = registry_for(rt)
+        if serve is None:
+            out.file.write(generate_latest(registry).decode("utf-8"))
+            return
+        server, thread = start_http_server(serve, addr=host, registry=registry)
+        err.print(f"serving metrics on http://{host}:{serve}/metrics (Ctrl-C to stop)")
+        stop = threading.Event()
+        stop_on_signals(stop.set)
+        stop.wait()
+        server.shutdown()
+        thread.join(timeout=5)

@@ -42,6 +42,8 @@ def test_help__every_command_explains_itself(sqlite_url: str) -> None:
         "rebuild",
         "verify",
         "project",
+        "purge",
+        "metrics",
     )
     for command in commands:
         assert command in top.stdout
@@ -279,3 +281,18 @@ def test_purge__killed_mid_purge_then_rerun_finishes(db_url: str, tmp_path: Path
         assert "purged" in shown.stderr
     finally:
         rt.close()
+
+
+def test_metrics__prometheus_text_from_the_views(db_url: str) -> None:
+    """`steptrail metrics` prints the run counts the views hold, in Prometheus format."""
+    steptrail("enqueue", "scripted", url=db_url)
+    steptrail("enqueue", "scripted", "-r", '{"fail": {"class": "auth"}}', url=db_url)
+    steptrail("work", "--burst", url=db_url)
+    steptrail("enqueue", "scripted", url=db_url)
+    text = steptrail("metrics", url=db_url).stdout
+    assert 'steptrail_runs{agent="scripted",status="completed"} 1.0' in text
+    assert 'steptrail_runs{agent="scripted",status="queued"} 1.0' in text
+    assert 'steptrail_runs_ended{reason="not_retryable",status="failed"} 1.0' in text
+    assert "steptrail_stale_leases 0.0" in text
+    age = next(line for line in text.splitlines() if line.startswith("steptrail_oldest_queued"))
+    assert float(age.split()[1]) >= 0.0
