@@ -20,7 +20,7 @@ from uuid import UUID
 
 import psycopg
 import psycopg_pool
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.postgres import PostgresDatastore
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
@@ -122,10 +122,6 @@ class PostgresRunStore(ClaimsOne):
         self.datastore.close()
         if self._listener is not None:
             self._listener.join(timeout=2)
-
-    def recorder(self) -> PostgresApplicationRecorder:
-        """The eventsourcing recorder over the same log (notification reading, subscribing)."""
-        return PostgresApplicationRecorder(self.datastore, events_table_name=EVENTS_TABLE)
 
     # -- schema --------------------------------------------------------------------------------
 
