@@ -125,6 +125,17 @@ def progress_bars(describe: Callable[[str], str]) -> Iterator[Callable[[str, int
         yield advance
 
 
+def json_object(value: str, option: str) -> dict[str, Any]:
+    """The JSON object an option holds, or a clear exit-2 error."""
+    try:
+        body = json.loads(value)
+    except json.JSONDecodeError as error:
+        fail(f"{option} is not valid JSON: {error}", 2)
+    if not isinstance(body, dict):
+        fail(f"{option} must be a JSON object", 2)
+    return body
+
+
 def parse_run_id(value: str) -> UUID:
     try:
         return UUID(value)

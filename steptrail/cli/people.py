@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -10,7 +9,7 @@ import typer
 from steptrail.cli.app import (
     cli,
     emit_json,
-    fail,
+    json_object,
     out,
     parse_run_id,
     runtime,
@@ -99,11 +98,6 @@ def submit_input(
     """Submit input to a run waiting for it; validated against its schema first."""
     rid = parse_run_id(run_id)
     mode = _resume_mode(resume)
-    try:
-        body = json.loads(values)
-    except json.JSONDecodeError as error:
-        fail(f"--values is not valid JSON: {error}", 2)
-    if not isinstance(body, dict):
-        fail("--values must be a JSON object", 2)
+    body = json_object(values, "--values")
     with runtime(ctx) as rt:
         _decided(rt.submit_input(rid, body, by=by, resume=mode), as_json)

@@ -12,7 +12,7 @@ import typer
 from steptrail.cli.app import (
     cli,
     emit_json,
-    fail,
+    json_object,
     out,
     parse_run_id,
     runtime,
@@ -49,12 +49,7 @@ def enqueue(
 ) -> None:
     """Put a run on the queue and print its id. Nothing is written if the agent is unknown
     or the request is not a valid JSON object."""
-    try:
-        body = json.loads(request)
-    except json.JSONDecodeError as error:
-        fail(f"--request is not valid JSON: {error}", 2)
-    if not isinstance(body, dict):
-        fail("--request must be a JSON object", 2)
+    body = json_object(request, "--request")
     with runtime(ctx) as rt:
         run_id = rt.enqueue(agent, body, idempotency_key=key)
         if as_json:
