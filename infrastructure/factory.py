@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from steptrail.domain.errors import StoreUnavailable
-from steptrail.domain.ports import RunStore
 from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.sqlite import SQLiteRunStore
 
 
 class SchemaMissing(RuntimeError):
     """The database has no steptrail schema (or an old one) and auto-migration is off."""
-
-
-class Store(RunStore, Protocol):
-    """The run store plus the operations only operators and rebuilds need."""
-
-    backend: str
-
-    def migrate(self) -> list[str]: ...
-    def pending_migrations(self) -> list[str]: ...
-    def close(self) -> None: ...
-    def wake(self) -> None: ...
 
 
 def open_store(
@@ -67,4 +53,4 @@ def _ensure_schema(store: PostgresRunStore | SQLiteRunStore, *, migrate: bool) -
     store.migrate()
 
 
-__all__ = ["SchemaMissing", "Store", "StoreUnavailable", "open_store"]
+__all__ = ["SchemaMissing", "StoreUnavailable", "open_store"]
