@@ -18,10 +18,12 @@ from steptrail.domain.run import Run, RunEvent
 
 @dataclass(frozen=True)
 class ClaimedRun:
-    """A run a worker just claimed, with the request it was queued with."""
+    """A run a worker just claimed, with the request it was queued with, and how old the
+    run was at the claim by the store's clock (seconds since its creation)."""
 
     run: Run
     request: bytes
+    age_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,15 @@ class RunState(BaseModel):
     iterations: int = 0
     tokens: int = 0
     cost: float = 0.0
+    trace_parent: str | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         return self.model_copy(update=changes)
+
+    @property
+    def trace_id(self) -> str | None:
+        """The trace every segment of the run joins (from `trace_parent`), or None."""
+        return trace_id_of(self.trace_parent)
 
     @property
     def pending_non_idempotent_write(self) -> bool:
@@ -196,6 +202,8 @@ class Run:
         agent: str
         request_digest: str
         idempotency_key: str | None = None
+        # The W3C traceparent of the enqueuer's context (ADR 0031): metadata, never content.
+        trace_parent: str | None = None
 
         def apply(self, state: RunState | None) -> RunState:
             if state is not None:
@@ -208,6 +216,7 @@ class Run:
                 has_saved_request=True,
                 request_digest=self.request_digest,
                 idempotency_key=self.idempotency_key,
+                trace_parent=self.trace_parent,
             )
 
     class Started(RunEvent):
@@ -218,6 +227,7 @@ class Run:
         agent: str
         request_digest: str
         lease_ms: int
+        trace_parent: str | None = None
 
         def apply(self, state: RunState | None) -> RunState:
             if state is not None:
@@ -232,6 +242,7 @@ class Run:
                 lease_ms=self.lease_ms,
                 claim_version=1,
                 request_digest=self.request_digest,
+                trace_parent=self.trace_parent,
             )
 
     class Claimed(RunEvent):
@@ -496,20 +507,30 @@ class Run:
         request_digest: str,
         actor: str,
         idempotency_key: str | None = None,
+        trace_parent: str | None = None,
     ) -> Run:
-        """A new queued run. Its request body is saved by the store, keyed by the run."""
+        """A new queued run. Its request body is saved by the store, keyed by the run.
+        `trace_parent` (a W3C traceparent) is the trace its segments join."""
         event = cls.Queued(
             actor=actor,
             run_id=run_id,
             agent=agent,
             request_digest=request_digest,
             idempotency_key=idempotency_key,
+            trace_parent=trace_parent,
         )
         return cls._created(event)
 
     @classmethod
     def start(
-        cls, *, run_id: UUID, agent: str, request_digest: str, holder: str, lease_ms: int
+        cls,
+        *,
+        run_id: UUID,
+        agent: str,
+        request_digest: str,
+        holder: str,
+        lease_ms: int,
+        trace_parent: str | None = None,
     ) -> Run:
         """A new interactive run, running at once in its caller's process under `holder`."""
         _check_lease(lease_ms)
@@ -519,6 +540,7 @@ class Run:
             agent=agent,
             request_digest=request_digest,
             lease_ms=lease_ms,
+            trace_parent=trace_parent,
         )
         return cls._created(event)
 
@@ -811,6 +833,20 @@ class Run:
 
 
 Checkpoint = tuple[RunState, int, int]
+
+
+def trace_id_of(trace_parent: str | None) -> str | None:
+    """The trace id (32 hex digits) of a W3C `traceparent` value, or None if it is not one."""
+    if trace_parent is None:
+        return None
+    parts = trace_parent.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
+        return None
+    try:
+        int(parts[1], 16)
+    except ValueError:
+        return None
+    return parts[1]
 
 
 def _check_lease(lease_ms: int) -> None:

@@ -216,8 +216,14 @@ class PostgresRunStore(ClaimsOne):
         }
         with self._connection() as conn:
             rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
+        # updated_at is the claim's now(): the run's age is measured by the store's clock.
         return [
-            ClaimedRun(run=run_from_row(row), request=bytes(row["request"] or b"")) for row in rows
+            ClaimedRun(
+                run=run_from_row(row),
+                request=bytes(row["request"] or b""),
+                age_s=max(0.0, (row["updated_at"] - row["created_at"]).total_seconds()),
+            )
+            for row in rows
         ]
 
     # -- reads ---------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
         retention_days: global retention window (default 30; unset, zero, negative or
             invalid means 30). retention_agent_run_days (terminal runs) and
             retention_approval_days (every non-terminal run) fall back to it.
+        tracing: OpenTelemetry spans of runs, segments and steps: `auto` (default) when the
+            `opentelemetry-api` package is installed, `on` (fail if it is not), `off`.
     """
 
     model_config = SettingsConfigDict(env_prefix="STEPTRAIL_", extra="ignore")
@@ -52,6 +54,7 @@ class Settings(BaseSettings):
     retention_agent_run_days: int | None = None
     retention_approval_days: int | None = None
     app: str | None = None
+    tracing: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("privacy_level", mode="before")
     @classmethod

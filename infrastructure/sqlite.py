@@ -328,7 +328,9 @@ class SQLiteRunStore(ClaimsOne):
             run = run_from_row(row)
             run.claim(holder=holder, lease_ms=lease_ms)
             run.mark_committed()
-            claimed.append(ClaimedRun(run=run, request=bytes(row["request"] or b"")))
+            age_s = max(0, at - row["created_at"]) / 1_000_000
+            request = bytes(row["request"] or b"")
+            claimed.append(ClaimedRun(run=run, request=request, age_s=age_s))
         return claimed
 
     # -- reads ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
 import structlog
@@ -35,7 +35,13 @@ from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
 from steptrail.workers.registry import App
 from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
+from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry, compose
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+    from steptrail.worker_metrics import WorkerMetrics
 
 CANCEL_ATTEMPTS = 20
 
@@ -54,11 +60,15 @@ class Runtime:
         store: PostgresRunStore | SQLiteRunStore,
         *,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
         self.store = store
         self.log = log or structlog.get_logger("steptrail")
+        self.telemetry = telemetry
+        self.metrics = metrics
         self._keeper: LeaseKeeper | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -112,16 +122,28 @@ class Runtime:
         body = self._request_body(agent, request)
         if idempotency_key is not None and not idempotency_key.strip():
             raise InvalidRequest("an idempotency key cannot be blank")
+        run_id = uuid4()
+        probe = self.telemetry.run_created(agent=agent, run_id=run_id, how="enqueue")
         run = Run.enqueue(
-            run_id=uuid4(),
+            run_id=run_id,
             agent=agent,
             request_digest=digest(json.loads(body)),
             actor=actor,
             idempotency_key=idempotency_key,
+            trace_parent=probe.trace_parent,
         )
-        stored = self.store.create(run, request=body)
+        stored: Run | None = None
+        try:
+            stored = self.store.create(run, request=body)
+        finally:
+            probe.ended(duplicate=stored is not None and stored is not run)
         self.log.info(
-            "run_enqueued", run_id=str(stored.id), agent=agent, duplicate=stored is not run
+            "run_enqueued",
+            run_id=str(stored.id),
+            agent=agent,
+            version=stored.version,
+            duplicate=stored is not run,
+            **_trace_fields(stored),
         )
         return stored.id
 
@@ -130,14 +152,20 @@ class Runtime:
         `interactive:` lease. It heartbeats like a worker; it is never retried, and if this
         process dies the reaper dead-letters it (it has no saved request to run again)."""
         body = self._request_body(agent, request)
+        run_id = uuid4()
+        probe = self.telemetry.run_created(agent=agent, run_id=run_id, how="start")
         run = Run.start(
-            run_id=uuid4(),
+            run_id=run_id,
             agent=agent,
             request_digest=digest(json.loads(body)),
             holder=holder_name("interactive"),
             lease_ms=self.settings.lease_ms,
+            trace_parent=probe.trace_parent,
         )
-        self.store.create(run, request=None)
+        try:
+            self.store.create(run, request=None)
+        finally:
+            probe.ended()
         return self._executor().execute(run, json.loads(body))
 
     def worker(
@@ -157,6 +185,7 @@ class Runtime:
             poll_interval=self.settings.poll_interval,
             log=self.log,
             on_result=on_result,
+            telemetry=self.telemetry,
         )
 
     def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
@@ -387,7 +416,12 @@ class Runtime:
         if self._keeper is None:
             self._keeper = LeaseKeeper(self.settings.lease_seconds)
         return Executor(
-            self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
+            self.store,
+            self.app,
+            self.execution_config(),
+            keeper=self._keeper,
+            log=self.log,
+            telemetry=self.telemetry,
         )
 
 
@@ -396,6 +430,8 @@ def open_runtime(
     *,
     url: str | None = None,
     settings: Settings | None = None,
+    telemetry: Telemetry | None = None,
+    metrics_registry: CollectorRegistry | None = None,
     **overrides: Any,
 ) -> Runtime:
     """Open a runtime: read settings, connect, migrate the schema if needed.
@@ -405,6 +441,11 @@ def open_runtime(
         url: the database URL (else `settings.database_url`, i.e. `STEPTRAIL_DATABASE_URL`,
             default `sqlite:///steptrail.db`).
         settings: explicit settings (else read from the environment).
+        telemetry: more observers of the runtime's runs (see `steptrail.workers.telemetry`);
+            worker metrics and, when `settings.tracing` allows, OpenTelemetry tracing are
+            always wired in besides.
+        metrics_registry: the Prometheus registry the worker metrics register in (default:
+            a private one, `Runtime.metrics.registry`).
         overrides: individual settings, e.g. `lease_seconds=5`.
 
     Raises:
@@ -420,5 +461,34 @@ def open_runtime(
     combined.include(examples)
     if app is not None:
         combined.include(app)
+    from steptrail.worker_metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(metrics_registry)
+    tracing = _tracing(settings)
     store = open_store(url or settings.database_url, migrate=settings.auto_migrate)
-    return Runtime(combined, settings, store)
+    observers = compose(metrics, tracing, telemetry)
+    return Runtime(combined, settings, store, telemetry=observers, metrics=metrics)
+
+
+def _tracing(settings: Settings) -> Telemetry | None:
+    """OpenTelemetry tracing if the settings allow it and the API is installed (ADR 0031).
+
+    Raises:
+        ValueError: `tracing=on` without the `opentelemetry-api` package.
+    """
+    if settings.tracing == "off":
+        return None
+    from importlib.util import find_spec
+
+    if find_spec("opentelemetry") is None or find_spec("opentelemetry.trace") is None:
+        if settings.tracing == "on":
+            raise ValueError("tracing=on needs the OpenTelemetry API: pip install steptrail[otel]")
+        return None
+    from steptrail.tracing import Tracing
+
+    return Tracing()
+
+
+def _trace_fields(run: Run) -> dict[str, str]:
+    trace_id = run.state.trace_id
+    return {"trace_id": trace_id} if trace_id is not None else {}

@@ -54,6 +54,7 @@ from steptrail.domain.journal import (
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.run import DECISION_STEP, Decision, Run
 from steptrail.workers.segment import LeaseLost, Segment
+from steptrail.workers.telemetry import NO_STEP, StepEnd
 
 T = TypeVar("T")
 
@@ -169,6 +170,7 @@ class RunContext:
         self._replay_noted = False
         self._taken: Resumption | None = None
         self._by_hand = False
+        self._step = NO_STEP  # the telemetry probe of the live step, if one is running
         self.request = request
         self.resumable = resumable
         self.log = segment.log
@@ -520,6 +522,8 @@ class RunContext:
         entry = self._journal.next(call)
         if entry is None:
             self.note_replay()
+        else:
+            self._segment.probe.step_replayed(call.kind, call.name, entry.seq, failed=entry.failed)
         return entry
 
     def _live(
@@ -534,6 +538,7 @@ class RunContext:
         if boundary:
             self._segment.boundary()
         limit = self._limit(timeout)
+        self._step = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
         started = time.perf_counter()
         try:
             outcome = fn() if limit is None else self._with_deadline(call.name, fn, limit)
@@ -630,6 +635,10 @@ class RunContext:
             )
 
         self._segment.defer(record)
+        step, self._step = self._step, NO_STEP
+        failure = entry.failure_class.value if entry.failure_class is not None else None
+        step.ended(StepEnd(self.next_seq - 1, filtered, tokens, cost, error_type, failure))
+        step.close()
 
 
 def _error_type(error: BaseException) -> str:

@@ -25,6 +25,7 @@ from steptrail.workers.context import Deadlines, RunContext, RunFailed, Suspend,
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
 from steptrail.workers.segment import LeaseLost, Segment
+from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,12 @@ class Executor:
         keeper: LeaseKeeper,
         log: structlog.typing.FilteringBoundLogger,
         rng: random.Random | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.store = store
         self.app = app
         self.config = config
+        self.telemetry = telemetry
         self.keeper = keeper
         self.log = log
         self.rng = rng or random.Random()
@@ -94,12 +97,17 @@ class Executor:
                 max_duration=spec.max_duration,
             ),
         )
+        segment.probe = probe = self.telemetry.segment_started(run)
         self.keeper.track(segment)
+        outcome = None
         try:
-            return self._run(segment, ctx, spec.fn, privacy)
+            result = self._run(segment, ctx, spec.fn, privacy)
+            outcome = result.outcome
+            return result
         finally:
             self.keeper.untrack(segment)
             segment.close()
+            probe.ended(outcome)
 
     def _run(
         self, segment: Segment, ctx: RunContext, fn: Any, privacy: PrivacyLevel
@@ -142,6 +150,7 @@ class Executor:
         failure_class: FailureClass = self.classifier(error)
         # A recorded error raised again on replay keeps the class name it was recorded with.
         error_type = error.error_type if isinstance(error, ReplayedError) else type(error).__name__
+        segment.probe.failed(failure_class.value, error_type)
         decision = self.config.policy.on_failure(run.state, failure_class, self.rng.random())
         log = segment.log.bind(failure_class=failure_class.value, error_type=error_type)
         if isinstance(decision, Requeue):

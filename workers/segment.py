@@ -40,6 +40,7 @@ from steptrail.domain.enums import Outcome, RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Checkpoint, Run, RunEvent
+from steptrail.workers import telemetry
 
 Clock = Callable[[], float]
 
@@ -83,8 +84,10 @@ class Segment:
         log: structlog.typing.FilteringBoundLogger,
         clock: Clock = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        probe: telemetry.SegmentProbe = telemetry.NO_SEGMENT,
     ) -> None:
         self.store = store
+        self.probe = probe
         self.run = run
         self.timings = SegmentTimings(lease_s)
         self.clock = clock
@@ -96,6 +99,8 @@ class Segment:
         self.renew_until: float | None = None
         holder = run.state.holder or "?"
         self.log = log.bind(run_id=str(run.id), worker_id=holder)
+        if run.state.trace_id is not None:
+            self.log = self.log.bind(trace_id=run.state.trace_id)
 
     @property
     def holder(self) -> str:
@@ -206,6 +211,7 @@ class Segment:
                     self._lose(
                         Outcome.LEASE_LOST,
                         "self-fenced: the store stayed unreachable for half a lease",
+                        telemetry.SELF_FENCED,
                     )
                 if not retry:
                     self.run.restore(checkpoint)
@@ -226,7 +232,7 @@ class Segment:
             return False
         if current is None:
             self.run.restore(checkpoint)
-            self._lose(Outcome.LEASE_LOST, "the run no longer exists")
+            self._lose(Outcome.LEASE_LOST, "the run no longer exists", telemetry.GONE)
         assert current is not None
         if current.version == self.run.version and current.state == self.run.state:
             landed = self.run.pending_events
@@ -244,7 +250,9 @@ class Segment:
         version = self.run.committed_version - len(batch)
         for event in batch:
             version += 1
-            if isinstance(event, Run.StepRecorded):
+            if isinstance(event, Run.LeaseRenewed):
+                self.probe.lease_renewed()
+            elif isinstance(event, Run.StepRecorded):
                 self.log.info(
                     "step_recorded",
                     seq=event.seq,
@@ -264,12 +272,13 @@ class Segment:
 
     def _lose_to(self, current: Run | None) -> None:
         if current is not None and current.status is RunStatus.CANCELLED:
-            self._lose(Outcome.CANCELLED, "the run was cancelled")
-        self._lose(Outcome.LEASE_LOST, "somebody else appended to the run")
+            self._lose(Outcome.CANCELLED, "the run was cancelled", telemetry.CANCELLED)
+        self._lose(Outcome.LEASE_LOST, "somebody else appended to the run", telemetry.TAKEN_OVER)
 
-    def _lose(self, outcome: Outcome, why: str) -> None:
+    def _lose(self, outcome: Outcome, why: str, cause: str) -> None:
         if self.lost is None:
             self.lost = LeaseLost(outcome, why)
+            self.probe.lease_lost(cause)
             event = "run_cancel_observed" if outcome is Outcome.CANCELLED else "lease_lost"
             self.log.warning(event, version=self.run.committed_version, why=why)
         raise self.lost

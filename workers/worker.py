@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from steptrail.workers.execute import (
 )
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
+from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry
 
 MAX_CLAIM_BATCH = 16
 
@@ -66,6 +68,7 @@ class Worker:
         poll_interval: float = 1.0,
         log: structlog.typing.FilteringBoundLogger | None = None,
         on_result: Callable[[SegmentResult], None] | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -78,6 +81,7 @@ class Worker:
         self.holder = holder_name("worker")
         self.log = (log or structlog.get_logger()).bind(worker_id=self.holder)
         self.on_result = on_result
+        self.telemetry = telemetry
         self.stopping = threading.Event()
         self.report = WorkerReport(holder=self.holder)
         self._in_flight = 0
@@ -93,7 +97,14 @@ class Worker:
 
     def run(self) -> WorkerReport:
         keeper = LeaseKeeper(self.config.lease_s)
-        executor = Executor(self.store, self.app, self.config, keeper=keeper, log=self.log)
+        executor = Executor(
+            self.store,
+            self.app,
+            self.config,
+            keeper=keeper,
+            log=self.log,
+            telemetry=self.telemetry,
+        )
         agents = self.app.agent_names
         lease_ms = round(self.config.lease_s * 1000)
         self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
@@ -108,6 +119,7 @@ class Worker:
                 try:
                     # As many runs as there are free slots, in one round trip (capped, so one
                     # process does not hoard a burst that its peers could start sooner).
+                    asked = time.perf_counter()
                     claimed = self.store.claim_batch(
                         holder=self.holder,
                         lease_ms=lease_ms,
@@ -120,6 +132,7 @@ class Worker:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 backoff = 0.1
+                self.telemetry.claimed(claimed, time.perf_counter() - asked)
                 if not claimed:
                     with self._slot_freed:
                         idle = self._in_flight == 0
@@ -139,6 +152,8 @@ class Worker:
     def _execute(self, executor: Executor, claimed: ClaimedRun) -> None:
         run = claimed.run
         log = self.log.bind(run_id=str(run.id), version=run.version)
+        if run.state.trace_id is not None:
+            log = log.bind(trace_id=run.state.trace_id)
         try:
             log.info("run_claimed", agent=run.state.agent, attempt=run.state.requeue_count + 1)
             try:

@@ -1,0 +1,259 @@
+"""OpenTelemetry traces of runs: a span per segment and per step, one trace per run.
+
+Install `steptrail[otel]` (the OpenTelemetry API only) and configure an SDK in your process as
+you would for any instrumented library; without an SDK the API hands out non-recording spans
+and nothing is exported. steptrail never installs a tracer provider itself (ADR 0031).
+
+One trace per run: creating a run (`enqueue`, `start`) opens a short span under the caller's
+current context and saves its W3C `traceparent` in the run's creation event. Every segment
+of the run (first claim, retries, reclaims, resumes after a decision, on any worker) starts
+its `invoke_agent` span from that saved context, and each step is a child of its segment.
+The segment's and the step's spans are the current span while the agent and the step run,
+so spans of the libraries the agent calls (HTTP clients, model SDKs) nest under the step.
+
+Attributes follow the privacy level exactly as the log does: a step's attributes come from
+its record as written (payload after the privacy filter, error class never its message), so
+at `none` and `metadata` no content reaches a span. Exceptions are not recorded as span
+events (they would carry the message); `error.type` names the class.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from uuid import UUID
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from steptrail.domain.enums import Outcome, Segment
+from steptrail.domain.run import Run
+from steptrail.workers.telemetry import (
+    CreationProbe,
+    SegmentProbe,
+    StepEnd,
+    StepProbe,
+    Telemetry,
+)
+
+__all__ = ["Tracing"]
+
+PROPAGATOR = TraceContextTextMapPropagator()
+INSTRUMENTATION = "steptrail"
+# Outcomes that end a segment in error (a requeue is an error the run recovers from).
+ERROR_OUTCOMES = frozenset(
+    {Outcome.FAILED, Outcome.LEASE_LOST, Outcome.SUSPEND_FAILED, Outcome.REQUEUED}
+)
+MAX_PAYLOAD_ATTRIBUTE = 4_096
+
+
+class Tracing(Telemetry):
+    """Spans of runs, segments and steps through the OpenTelemetry API.
+
+    Args:
+        tracer_provider: the provider to take the tracer from (default: the global one,
+            i.e. whatever SDK the application configured, or none).
+    """
+
+    def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
+        self.tracer = trace.get_tracer(INSTRUMENTATION, _version(), tracer_provider=tracer_provider)
+
+    def run_created(self, *, agent: str, run_id: UUID, how: str) -> CreationProbe:
+        kind = SpanKind.PRODUCER if how == "enqueue" else SpanKind.INTERNAL
+        span = self.tracer.start_span(
+            f"{how} {agent}",
+            kind=kind,
+            attributes={"steptrail.run.id": str(run_id), "gen_ai.agent.name": agent},
+        )
+        return _Creation(span)
+
+    def segment_started(self, run: Run) -> SegmentProbe:
+        state = run.state
+        parent = (
+            PROPAGATOR.extract({"traceparent": state.trace_parent})
+            if state.trace_parent is not None
+            else None
+        )
+        span = self.tracer.start_span(
+            f"invoke_agent {state.agent}",
+            context=parent,
+            kind=SpanKind.CONSUMER if state.segment is Segment.WORKER else SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": state.agent,
+                "steptrail.run.id": str(state.run_id),
+                "steptrail.run.attempt": state.requeue_count + 1,
+                "steptrail.segment.kind": state.segment.value if state.segment else "",
+                "steptrail.worker.id": state.holder or "",
+                "steptrail.run.version": state.version,
+            },
+        )
+        return _SegmentSpan(self.tracer, span, attempt=state.requeue_count + 1)
+
+
+class _Creation(CreationProbe):
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        carrier: dict[str, str] = {}
+        if span.get_span_context().is_valid:
+            PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        self._parent = carrier.get("traceparent")
+
+    @property
+    def trace_parent(self) -> str | None:
+        return self._parent
+
+    def ended(self, *, duplicate: bool = False) -> None:
+        if duplicate:
+            self.span.set_attribute("steptrail.run.duplicate", True)
+        self.span.end()
+
+
+class _StepSpan(StepProbe):
+    def __init__(self, span: Span, kind: str, name: str) -> None:
+        self.span = span
+        self.kind = kind
+        self.name = name
+        self.token: object | None = otel_context.attach(trace.set_span_in_context(span))
+
+    def ended(self, end: StepEnd) -> None:
+        span = self.span
+        if not span.is_recording():
+            return
+        span.set_attributes(
+            {
+                "steptrail.step.seq": end.seq,
+                "steptrail.step.outcome": "ok" if end.error_type is None else "error",
+                "steptrail.step.tokens": end.tokens,
+                "steptrail.step.cost": end.cost,
+            }
+        )
+        payload = dict(end.payload)
+        if payload:
+            span.set_attribute("steptrail.step.payload", _json(payload))
+        if self.kind == "llm":
+            model = _genai_llm(span, payload)
+            if model is not None:
+                span.update_name(f"chat {model}")
+        if end.error_type is not None:
+            span.set_attribute("error.type", end.error_type)
+            if end.failure_class is not None:
+                span.set_attribute("steptrail.failure_class", end.failure_class)
+            span.set_status(Status(StatusCode.ERROR, end.failure_class or end.error_type))
+
+    def close(self) -> None:
+        if self.token is None:
+            return
+        token, self.token = self.token, None
+        self.span.end()
+        otel_context.detach(token)  # type: ignore[arg-type]
+
+
+class _SegmentSpan(SegmentProbe):
+    def __init__(self, tracer: trace.Tracer, span: Span, *, attempt: int) -> None:
+        self.tracer = tracer
+        self.span = span
+        self.attempt = attempt
+        self.replayed = 0
+        self.failure: tuple[str, str] | None = None
+        self.cause: str | None = None
+        self.open_step: _StepSpan | None = None
+        self.context = trace.set_span_in_context(span)
+        self.token: object | None = otel_context.attach(self.context)
+
+    def _step_span(self, kind: str, name: str, seq: int, *, replayed: bool) -> Span:
+        operation = {"tool": "execute_tool", "llm": "chat"}.get(kind, kind)
+        title = f"{operation} {name}"
+        attributes: dict[str, Any] = {
+            "steptrail.step.kind": kind,
+            "steptrail.step.name": name,
+            "steptrail.step.seq": seq,
+            "steptrail.step.replayed": replayed,
+            "steptrail.run.attempt": self.attempt,
+        }
+        if kind == "llm":
+            attributes["gen_ai.operation.name"] = "chat"
+        elif kind == "tool":
+            attributes["gen_ai.operation.name"] = "execute_tool"
+            attributes["gen_ai.tool.name"] = name
+        return self.tracer.start_span(title, context=self.context, attributes=attributes)
+
+    def step_started(self, kind: str, name: str, seq: int) -> StepProbe:
+        step = _StepSpan(self._step_span(kind, name, seq, replayed=False), kind, name)
+        self.open_step = step
+        return step
+
+    def step_replayed(self, kind: str, name: str, seq: int, *, failed: bool) -> None:
+        self.replayed += 1
+        span = self._step_span(kind, name, seq, replayed=True)
+        span.set_attribute("steptrail.step.outcome", "error" if failed else "ok")
+        span.end()
+
+    def lease_renewed(self) -> None:
+        self.span.add_event("lease_renewed")
+
+    def lease_lost(self, cause: str) -> None:
+        self.cause = cause
+        self.span.add_event("lease_lost", {"steptrail.lease_lost.cause": cause})
+
+    def failed(self, failure_class: str, error_type: str) -> None:
+        self.failure = (failure_class, error_type)
+
+    def ended(self, outcome: Outcome | None) -> None:
+        if self.open_step is not None:
+            self.open_step.close()  # a step that never reached its record (lost, interrupted)
+        span = self.span
+        if span.is_recording():
+            name = outcome.value if outcome is not None else "crashed"
+            span.set_attributes(
+                {"steptrail.outcome": name, "steptrail.steps.replayed": self.replayed}
+            )
+            if self.cause is not None:
+                span.set_attribute("steptrail.lease_lost.cause", self.cause)
+            if self.failure is not None:
+                span.set_attribute("steptrail.failure_class", self.failure[0])
+                span.set_attribute("error.type", self.failure[1])
+            if outcome is None or outcome in ERROR_OUTCOMES:
+                span.set_status(Status(StatusCode.ERROR, name))
+        span.end()
+        if self.token is not None:
+            token, self.token = self.token, None
+            otel_context.detach(token)  # type: ignore[arg-type]
+
+
+def _genai_llm(span: Span, payload: Mapping[str, Any]) -> str | None:
+    """GenAI semantic-convention attributes from a model call's recorded (filtered) payload;
+    returns the model name if one was recorded."""
+    model = payload.get("model")
+    if isinstance(model, str):
+        span.set_attribute("gen_ai.request.model", model)
+    provider = payload.get("provider")
+    if isinstance(provider, str):
+        span.set_attribute("gen_ai.provider.name", provider)
+    for key in ("input_tokens", "output_tokens"):
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            span.set_attribute(f"gen_ai.usage.{key}", value)
+    reason = payload.get("finish_reason")
+    if isinstance(reason, str):
+        span.set_attribute("gen_ai.response.finish_reasons", [reason])
+    return model if isinstance(model, str) else None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("steptrail")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _json(value: Any) -> str:
+    text = json.dumps(value, default=str, sort_keys=True)
+    if len(text) > MAX_PAYLOAD_ATTRIBUTE:
+        return text[:MAX_PAYLOAD_ATTRIBUTE] + "…"
+    return text
