@@ -39,6 +39,7 @@ from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry, compose
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
     from prometheus_client.registry import CollectorRegistry
 
     from steptrail.worker_metrics import WorkerMetrics
@@ -432,6 +433,7 @@ def open_runtime(
     settings: Settings | None = None,
     telemetry: Telemetry | None = None,
     metrics_registry: CollectorRegistry | None = None,
+    tracer_provider: TracerProvider | None = None,
     **overrides: Any,
 ) -> Runtime:
     """Open a runtime: read settings, connect, migrate the schema if needed.
@@ -446,6 +448,8 @@ def open_runtime(
             always wired in besides.
         metrics_registry: the Prometheus registry the worker metrics register in (default:
             a private one, `Runtime.metrics.registry`).
+        tracer_provider: the OpenTelemetry tracer provider for run traces (default: the
+            global one; setting `tracing=off` turns tracing off either way).
         overrides: individual settings, e.g. `lease_seconds=5`.
 
     Raises:
@@ -464,13 +468,13 @@ def open_runtime(
     from steptrail.worker_metrics import WorkerMetrics
 
     metrics = WorkerMetrics(metrics_registry)
-    tracing = _tracing(settings)
+    tracing = _tracing(settings, tracer_provider)
     store = open_store(url or settings.database_url, migrate=settings.auto_migrate)
     observers = compose(metrics, tracing, telemetry)
     return Runtime(combined, settings, store, telemetry=observers, metrics=metrics)
 
 
-def _tracing(settings: Settings) -> Telemetry | None:
+def _tracing(settings: Settings, provider: TracerProvider | None) -> Telemetry | None:
     """OpenTelemetry tracing if the settings allow it and the API is installed (ADR 0031).
 
     Raises:
@@ -486,7 +490,7 @@ def _tracing(settings: Settings) -> Telemetry | None:
         return None
     from steptrail.tracing import Tracing
 
-    return Tracing()
+    return Tracing(provider)
 
 
 def _trace_fields(run: Run) -> dict[str, str]:

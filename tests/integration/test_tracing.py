@@ -1,0 +1,250 @@
+"""OpenTelemetry traces of runs, on both backends, read back with the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from steptrail import App, Outcome, Recorded, RunContext, RunStatus
+from steptrail.runtime import Runtime
+from tests.conftest import make_runtime
+
+CANARY = "canary-5e1f0c"
+
+
+class Gate:
+    """Holds a step of the first attempt until the test has reclaimed its run."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def wait_on_first(self, ctx: RunContext) -> dict[str, int]:
+        if ctx.attempt == 1:
+            self.entered.set()
+            assert self.release.wait(20)
+        return {"attempt": ctx.attempt}
+
+
+def traced_app(gate: Gate) -> App:
+    app = App()
+
+    @app.agent("traced")
+    def traced(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm(
+            "plan",
+            lambda: Recorded(
+                {"text": f"{CANARY} plan"},
+                payload={
+                    "model": "test-model",
+                    "provider": "test",
+                    "input_tokens": 7,
+                    "output_tokens": 3,
+                    "messages": [{"role": "user", "content": request["question"]}],
+                },
+                tokens=10,
+                cost=0.25,
+            ),
+        )
+        ctx.step("work", "wait", lambda: gate.wait_on_first(ctx))
+        ctx.request_approval(
+            [{"name": "publish", "arguments": {"text": CANARY}}], conversation=[CANARY]
+        )
+        ctx.run_pending({"publish": lambda text: {"published": text}})
+        return {"answer": CANARY}
+
+    return app
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    gate = Gate()
+    yield gate
+    gate.release.set()
+
+
+def open_traced(
+    db_url: str, exporter: InMemorySpanExporter, gate: Gate, **overrides: Any
+) -> tuple[Runtime, TracerProvider]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = {"lease_seconds": 30.0, **overrides}
+    rt = make_runtime(db_url, app=traced_app(gate), tracer_provider=provider, **settings)
+    return rt, provider
+
+
+def reclaimed_then_approved(rt: Runtime, gate: Gate, provider: TracerProvider) -> Any:
+    """Enqueue under a caller's span; the first segment is reclaimed mid-step, the second
+    suspends for approval, the third (resumed here after the approval) completes."""
+    with provider.get_tracer("test").start_as_current_span("http request") as caller:
+        run_id = rt.enqueue("traced", {"question": CANARY})
+    results: list[Any] = []
+    worker = rt.worker(concurrency=1, burst=True, on_result=results.append)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    assert gate.entered.wait(20)
+    stale = rt.store.load(run_id)
+    assert stale is not None
+    stale.reclaim(actor="reaper:test")  # what the reaper does once the lease expired
+    rt.store.append(stale)
+    gate.release.set()
+    thread.join(30)
+    assert [r.outcome for r in results] == [Outcome.LEASE_LOST, Outcome.AWAITING_APPROVAL]
+    resumed = rt.approve(run_id, by="ann", resume="here")
+    assert resumed.outcome is Outcome.COMPLETED
+    assert rt.get(run_id).status is RunStatus.COMPLETED
+    return run_id, caller
+
+
+def by_start(spans: Any) -> list[ReadableSpan]:
+    return sorted(spans, key=lambda s: s.start_time)
+
+
+def test_trace__reclaimed_and_resumed_run_is_one_trace(
+    db_url: str, exporter: InMemorySpanExporter, gate: Gate
+) -> None:
+    """A run reclaimed once and resumed after an approval is one trace: the caller's span,
+    the enqueue span, three segment spans under it and their steps under them, in order."""
+    rt, provider = open_traced(db_url, exporter, gate)
+    try:
+        run_id, caller = reclaimed_then_approved(rt, gate, provider)
+    finally:
+        rt.close()
+    spans = exporter.get_finished_spans()
+    trace_id = caller.get_span_context().trace_id
+    assert {s.context.trace_id for s in spans} == {trace_id}
+
+    (enqueue,) = [s for s in spans if s.name == "enqueue traced"]
+    assert enqueue.kind is SpanKind.PRODUCER
+    assert enqueue.parent is not None
+    assert enqueue.parent.span_id == caller.get_span_context().span_id
+
+    segments = by_start(s for s in spans if s.name == "invoke_agent traced")
+    assert [s.attributes["steptrail.outcome"] for s in segments] == [
+        "lease_lost",
+        "awaiting_approval",
+        "completed",
+    ]
+    assert all(s.parent is not None and s.parent.span_id == enqueue.context.span_id for s in segments)
+    assert [s.attributes["steptrail.run.attempt"] for s in segments] == [1, 2, 2]
+    assert [s.attributes["steptrail.segment.kind"] for s in segments] == [
+        "worker",
+        "worker",
+        "resume",
+    ]
+    assert [s.attributes["steptrail.steps.replayed"] for s in segments] == [0, 1, 2]
+    assert segments[0].attributes["steptrail.lease_lost.cause"] == "taken_over"
+    assert segments[0].status.status_code is StatusCode.ERROR
+    assert segments[2].status.status_code is not StatusCode.ERROR
+    assert all(s.attributes["steptrail.run.id"] == str(run_id) for s in segments)
+    assert all(s.attributes["gen_ai.agent.name"] == "traced" for s in segments)
+
+    def steps_of(segment: ReadableSpan) -> list[tuple[str, int, bool]]:
+        children = by_start(
+            s for s in spans if s.parent is not None and s.parent.span_id == segment.context.span_id
+        )
+        return [
+            (
+                str(s.attributes["steptrail.step.name"]),
+                int(s.attributes["steptrail.step.seq"]),  # type: ignore[arg-type]
+                bool(s.attributes["steptrail.step.replayed"]),
+            )
+            for s in children
+        ]
+
+    assert steps_of(segments[0]) == [("plan", 1, False), ("wait", 2, False)]
+    assert steps_of(segments[1]) == [("plan", 1, True), ("wait", 2, False)]
+    assert steps_of(segments[2]) == [("plan", 1, True), ("wait", 2, True), ("publish", 4, False)]
+
+    plan = next(s for s in spans if s.attributes.get("steptrail.step.name") == "plan")
+    assert plan.name == "chat test-model"
+    assert plan.attributes["gen_ai.operation.name"] == "chat"
+    assert plan.attributes["gen_ai.request.model"] == "test-model"
+    assert plan.attributes["gen_ai.provider.name"] == "test"
+    assert plan.attributes["gen_ai.usage.input_tokens"] == 7
+    assert plan.attributes["gen_ai.usage.output_tokens"] == 3
+    assert plan.attributes["steptrail.step.tokens"] == 10
+    assert plan.attributes["steptrail.step.cost"] == 0.25
+    assert plan.attributes["steptrail.step.outcome"] == "ok"
+    publish = next(s for s in spans if s.attributes.get("steptrail.step.name") == "publish")
+    assert publish.name == "execute_tool publish"
+    assert publish.attributes["gen_ai.tool.name"] == "publish"
+
+
+def every_attribute(spans: Any) -> list[str]:
+    texts = []
+    for span in spans:
+        texts.append(span.name)
+        texts.extend(str(v) for v in span.attributes.values())
+        for event in span.events:
+            texts.append(event.name)
+            texts.extend(str(v) for v in (event.attributes or {}).values())
+        texts.append(str(span.status.description))
+    return texts
+
+
+@pytest.mark.parametrize("level", ["metadata", "none"])
+def test_trace__no_content_in_any_attribute_below_redacted(
+    db_url: str, exporter: InMemorySpanExporter, gate: Gate, level: str
+) -> None:
+    """At none and metadata privacy the canary planted in the request, messages, step
+    results, tool arguments and the run's result reaches no span name or attribute."""
+    rt, provider = open_traced(db_url, exporter, gate, privacy_level=level)
+    try:
+        reclaimed_then_approved(rt, gate, provider)
+    finally:
+        rt.close()
+    spans = exporter.get_finished_spans()
+    assert len(spans) >= 10
+    assert not [t for t in every_attribute(spans) if CANARY in t]
+
+
+def test_trace__full_privacy_lets_content_into_step_payloads(
+    db_url: str, exporter: InMemorySpanExporter, gate: Gate
+) -> None:
+    """At full privacy the step payload attribute carries what the log carries, content too
+    (so the canary test above is not vacuous)."""
+    rt, provider = open_traced(db_url, exporter, gate, privacy_level="full")
+    try:
+        reclaimed_then_approved(rt, gate, provider)
+    finally:
+        rt.close()
+    assert [t for t in every_attribute(exporter.get_finished_spans()) if CANARY in t]
+
+
+def test_logs__segment_events_carry_the_trace_id(
+    db_url: str, exporter: InMemorySpanExporter
+) -> None:
+    """Every log event of a traced run carries run_id, worker_id, version and its trace_id;
+    step events carry their seq."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    rt = make_runtime(db_url, tracer_provider=provider, log_level="info")
+    try:
+        with provider.get_tracer("test").start_as_current_span("caller") as caller:
+            run_id = rt.enqueue("scripted", {"steps": 2})
+        with structlog.testing.capture_logs() as logs:
+            rt.work(burst=True)
+    finally:
+        rt.close()
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    ours = [e for e in logs if e.get("run_id") == str(run_id)]
+    assert {e["event"] for e in ours} >= {"run_claimed", "step_recorded", "run_completed"}
+    for event in ours:
+        assert event["trace_id"] == trace_id, event
+        assert event["worker_id"].startswith("worker:"), event
+        assert isinstance(event["version"], int), event
+    assert [e["seq"] for e in ours if e["event"] == "step_recorded"] == [1, 2]
