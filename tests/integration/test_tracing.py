@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,9 +14,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from steptrail import App, Outcome, Recorded, RunContext, RunStatus
+from steptrail import App, Outcome, Recorded, RunContext, RunStatus, Settings, open_runtime
+from steptrail.infrastructure.logging import configure_logging
 from steptrail.runtime import Runtime
-from tests.conftest import make_runtime
+from tests.conftest import FAST
 
 CANARY = "canary-5e1f0c"
 
@@ -81,9 +83,8 @@ def open_traced(
 ) -> tuple[Runtime, TracerProvider]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    settings = {"lease_seconds": 30.0, **overrides}
-    rt = make_runtime(db_url, app=traced_app(gate), tracer_provider=provider, **settings)
-    return rt, provider
+    settings = Settings(**{**FAST, "lease_seconds": 30.0, **overrides, "database_url": db_url})
+    return open_runtime(traced_app(gate), settings=settings, tracer_provider=provider), provider
 
 
 def reclaimed_then_approved(rt: Runtime, gate: Gate, provider: TracerProvider) -> Any:
@@ -138,7 +139,9 @@ def test_trace__reclaimed_and_resumed_run_is_one_trace(
         "awaiting_approval",
         "completed",
     ]
-    assert all(s.parent is not None and s.parent.span_id == enqueue.context.span_id for s in segments)
+    assert all(
+        s.parent is not None and s.parent.span_id == enqueue.context.span_id for s in segments
+    )
     assert [s.attributes["steptrail.run.attempt"] for s in segments] == [1, 2, 2]
     assert [s.attributes["steptrail.segment.kind"] for s in segments] == [
         "worker",
@@ -232,14 +235,17 @@ def test_logs__segment_events_carry_the_trace_id(
     step events carry their seq."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    rt = make_runtime(db_url, tracer_provider=provider, log_level="info")
+    settings = Settings(**{**FAST, "log_level": "info", "database_url": db_url})
+    rt = open_runtime(settings=settings, tracer_provider=provider)
     try:
         with provider.get_tracer("test").start_as_current_span("caller") as caller:
             run_id = rt.enqueue("scripted", {"steps": 2})
         with structlog.testing.capture_logs() as logs:
+            structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
             rt.work(burst=True)
     finally:
         rt.close()
+        configure_logging("console", "warning")
     trace_id = format(caller.get_span_context().trace_id, "032x")
     ours = [e for e in logs if e.get("run_id") == str(run_id)]
     assert {e["event"] for e in ours} >= {"run_claimed", "step_recorded", "run_completed"}
