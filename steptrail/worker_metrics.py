@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from steptrail.domain.enums import Outcome
@@ -29,7 +29,7 @@ from steptrail.workers.telemetry import (
     Telemetry,
 )
 
-__all__ = ["METRIC_NAMES", "WorkerMetrics"]
+__all__ = ["METRIC_NAMES", "MetricsServer", "WorkerMetrics", "serve_metrics"]
 
 # A claim is one round trip to the database: milliseconds, a second when it is in trouble.
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -218,3 +218,29 @@ class _SegmentMetrics(SegmentProbe):
         m.segments.labels(self.agent, outcome.value if outcome else "crashed").inc()
         if outcome is Outcome.REQUEUED and self.failure_class is not None:
             m.retries.labels(self.failure_class).inc()
+
+
+class MetricsServer:
+    """A running `/metrics` HTTP endpoint; `close()` stops it."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, addr: str) -> None:
+        self._server, self._thread = start_http_server(port, addr=addr, registry=registry)
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one the OS chose when asked for port 0)."""
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> MetricsServer:  # noqa: S104 - scraped from other hosts
+    """Serve `registry` for Prometheus at `http://addr:port/metrics` on a daemon thread.
+
+    Raises:
+        OSError: the port is taken or the address is not this machine's.
+    """
+    return MetricsServer(registry, port, addr)

@@ -12,6 +12,8 @@ import typer
 from steptrail.cli.app import (
     cli,
     emit_json,
+    err,
+    fail,
     json_object,
     out,
     parse_run_id,
@@ -20,6 +22,8 @@ from steptrail.cli.app import (
 )
 from steptrail.domain.enums import RunStatus, TerminationReason
 from steptrail.render import event_dict, print_run, row_dict, runs_table
+from steptrail.runtime import Runtime
+from steptrail.worker_metrics import MetricsServer
 
 
 @cli.command()
@@ -78,11 +82,28 @@ def work(
             "--views/--no-views", help="Also keep the reporting views up to date meanwhile."
         ),
     ] = True,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            metavar="PORT",
+            help="Serve this worker's Prometheus metrics (claim latency, step durations, "
+            "queue wait, leases, outcomes, retries, in-flight runs, replays) at "
+            "http://ADDR:PORT/metrics.",
+        ),
+    ] = None,
+    metrics_addr: Annotated[
+        str,
+        typer.Option("--metrics-addr", metavar="ADDR", help="Address the metrics listen on."),
+    ] = "0.0.0.0",  # noqa: S104 - Prometheus scrapes workers from other hosts
 ) -> None:
     """Claim and execute queued runs until interrupted. The first Ctrl-C / SIGTERM stops
     claiming and lets runs in flight finish; a second one exits at once (the reaper then
     reclaims those runs when their leases expire)."""
     with runtime(ctx) as rt:
+        server = _serve_worker_metrics(rt, metrics_port, metrics_addr)
         worker = rt.worker(concurrency=concurrency, burst=burst)
         stop_on_signals(worker.stop, "stopping: finishing runs in flight")
         stop_views = threading.Event()
@@ -100,9 +121,28 @@ def work(
             stop_views.set()
             if views:
                 projector.join(timeout=10)
+            if server is not None:
+                server.close()
         if views and burst:
             rt.project()
         out.print(json.dumps(report.as_dict()))
+
+
+def _serve_worker_metrics(rt: Runtime, port: int | None, addr: str) -> MetricsServer | None:
+    """Start the worker's metrics endpoint (with the process's CPU and memory), if asked."""
+    if port is None or rt.metrics is None:
+        return None
+    from prometheus_client import ProcessCollector
+
+    from steptrail.worker_metrics import serve_metrics
+
+    ProcessCollector(registry=rt.metrics.registry)
+    try:
+        server = serve_metrics(rt.metrics.registry, port, addr)
+    except OSError as error:
+        fail(f"cannot serve metrics on {addr}:{port}: {error}", 2)
+    err.print(f"worker metrics at http://{addr}:{server.port}/metrics")
+    return server
 
 
 @cli.command()
