@@ -484,7 +484,11 @@ def _tracing(settings: Settings, provider: TracerProvider | None) -> Telemetry |
         return None
     from importlib.util import find_spec
 
-    if find_spec("opentelemetry") is None or find_spec("opentelemetry.trace") is None:
+    try:
+        installed = find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):  # no `opentelemetry` package, or a blocked one
+        installed = False
+    if not installed:
         if settings.tracing == "on":
             raise ValueError("tracing=on needs the OpenTelemetry API: pip install steptrail[otel]")
         return None
