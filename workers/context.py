@@ -478,7 +478,8 @@ class RunContext:
         if not effect.is_write:
             return self._live(call, fn, payload=payload, timeout=limit)
         seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
-        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
+        version = self._segment.run.version
+        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq, version=version)
         try:
             value = self._live(call, fn, payload=payload, timeout=limit, boundary=False)
         except LeaseLost:
@@ -511,7 +512,8 @@ class RunContext:
             self._segment.defer(lambda run: run.record_replay(count=count, last_seq=last_seq))
         except LeaseLost:
             return  # the caller's next append reports the loss
-        self.log.info("steps_replayed", count=count, last_seq=last_seq)
+        version = self._segment.run.committed_version
+        self.log.info("steps_replayed", count=count, last_seq=last_seq, version=version)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -591,7 +593,8 @@ class RunContext:
         finally:
             segment.renew_until = outer
         if thread.is_alive():
-            self.log.warning("step_timed_out", step=name, timeout_s=seconds)
+            version = segment.run.committed_version
+            self.log.warning("step_timed_out", step=name, timeout_s=seconds, version=version)
             raise StepTimedOut(name, seconds)
         if "error" in box:
             raise box["error"]

@@ -166,6 +166,7 @@ class Executor:
             if result.outcome is Outcome.REQUEUED:
                 log.info(
                     "run_requeued",
+                    version=run.version,
                     delay_ms=decision.delay_ms,
                     requeue_count=run.state.requeue_count,
                 )
@@ -183,7 +184,12 @@ class Executor:
                 Outcome.FAILED,
             )
             if result.outcome is Outcome.FAILED:
-                log.warning("run_dead_lettered", reason=decision.reason.value, cause=decision.cause)
+                log.warning(
+                    "run_dead_lettered",
+                    reason=decision.reason.value,
+                    cause=decision.cause,
+                    version=run.version,
+                )
             return result
         assert isinstance(decision, Fail)
         result = self._settle(
@@ -194,7 +200,7 @@ class Executor:
             Outcome.FAILED,
         )
         if result.outcome is Outcome.FAILED:
-            log.warning("run_failed", reason=decision.reason.value)
+            log.warning("run_failed", reason=decision.reason.value, version=run.version)
         return result
 
     def _settle(self, segment: Segment, command: Any, outcome: Outcome) -> SegmentResult:

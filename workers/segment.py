@@ -225,7 +225,8 @@ class Segment:
 
     def _resolve_ambiguity(self, checkpoint: Checkpoint, error: StoreUnavailable) -> bool:
         """After a failed append: did it land? True if so (and it is marked committed)."""
-        self.log.warning("store_unavailable", error=type(error).__name__)
+        version = self.run.committed_version
+        self.log.warning("store_unavailable", error=type(error).__name__, version=version)
         try:
             current = self.store.load(self.run.id)
         except StoreUnavailable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from steptrail import App, Outcome, Recorded, RunContext, RunStatus, Settings, open_runtime
-from steptrail.infrastructure.logging import configure_logging
 from steptrail.runtime import Runtime
 from tests.conftest import FAST
 
@@ -228,29 +228,62 @@ def test_trace__full_privacy_lets_content_into_step_payloads(
     assert [t for t in every_attribute(exporter.get_finished_spans()) if CANARY in t]
 
 
-def test_logs__segment_events_carry_the_trace_id(
+def test_logs__every_run_event_has_the_documented_fields(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
-    """Every log event of a traced run carries run_id, worker_id, version and its trace_id;
-    step events carry their seq."""
+    """Every log event about a traced run carries event, run_id, worker_id, version and
+    its trace_id; step events carry their seq (a plain run, a write tool, a retry that
+    replays, an approval resumed by a worker)."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    settings = Settings(**{**FAST, "log_level": "info", "database_url": db_url})
+    settings = Settings(**{**FAST, "database_url": db_url})
     rt = open_runtime(settings=settings, tracer_provider=provider)
+    capture = structlog.testing.LogCapture()
+    # Our own logger, whatever the process-wide logging set-up is.
+    rt.log = structlog.wrap_logger(
+        None,
+        processors=[capture],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+    )
+    requests: list[dict[str, Any]] = [
+        {"steps": 2},
+        {"steps": 2, "tool": {"effect": "idempotent_write", "at": 2}},
+        {"steps": 3, "fail": {"class": "server_error", "at": 3, "times": 1}},
+        {"steps": 2, "approval": {"at": 2, "tools": ["lookup"]}},
+    ]
     try:
         with provider.get_tracer("test").start_as_current_span("caller") as caller:
-            run_id = rt.enqueue("scripted", {"steps": 2})
-        with structlog.testing.capture_logs() as logs:
-            structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-            rt.work(burst=True)
+            run_ids = [rt.enqueue("scripted", r) for r in requests]
+        for _ in range(100):
+            rt.work(concurrency=2, burst=True)
+            waiting = rt.runs(status="waiting_for_approval")
+            for row in waiting:
+                rt.approve(row.run_id, by="ann", resume="queue")
+            if all(rt.get(r).status is RunStatus.COMPLETED for r in run_ids):
+                break
+            time.sleep(0.05)
+        statuses = {rt.get(r).status for r in run_ids}
     finally:
         rt.close()
-        configure_logging("console", "warning")
+    assert statuses == {RunStatus.COMPLETED}
     trace_id = format(caller.get_span_context().trace_id, "032x")
-    ours = [e for e in logs if e.get("run_id") == str(run_id)]
-    assert {e["event"] for e in ours} >= {"run_claimed", "step_recorded", "run_completed"}
+    ours = [e for e in capture.entries if e.get("run_id") in {str(r) for r in run_ids}]
+    names = {e["event"] for e in ours}
+    assert names >= {
+        "run_enqueued",
+        "run_claimed",
+        "step_recorded",
+        "effect_pending",
+        "run_requeued",
+        "steps_replayed",
+        "run_suspended",
+        "run_completed",
+        "segment_finished",
+    }, names
     for event in ours:
         assert event["trace_id"] == trace_id, event
-        assert event["worker_id"].startswith("worker:"), event
         assert isinstance(event["version"], int), event
-    assert [e["seq"] for e in ours if e["event"] == "step_recorded"] == [1, 2]
+        if event["event"] != "run_enqueued":
+            assert event["worker_id"].startswith(("worker:", "resume:")), event
+        if event["event"] in {"step_recorded", "effect_pending"}:
+            assert isinstance(event["seq"], int), event
