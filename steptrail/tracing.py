@@ -26,11 +26,20 @@ from uuid import UUID
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TracerProvider,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from steptrail.domain.enums import Outcome, Segment
-from steptrail.domain.run import Run
+from steptrail.domain.run import Run, trace_id_of
 from steptrail.workers.telemetry import (
     CreationProbe,
     SegmentProbe,
@@ -72,11 +81,7 @@ class Tracing(Telemetry):
 
     def segment_started(self, run: Run) -> SegmentProbe:
         state = run.state
-        parent = (
-            PROPAGATOR.extract({"traceparent": state.trace_parent})
-            if state.trace_parent is not None
-            else None
-        )
+        parent = _parent_context(state.trace_parent)
         span = self.tracer.start_span(
             f"invoke_agent {state.agent}",
             context=parent,
@@ -88,7 +93,6 @@ class Tracing(Telemetry):
                 "steptrail.run.attempt": state.requeue_count + 1,
                 "steptrail.segment.kind": state.segment.value if state.segment else "",
                 "steptrail.worker.id": state.holder or "",
-                "steptrail.run.version": state.version,
             },
         )
         return _SegmentSpan(self.tracer, span, attempt=state.requeue_count + 1)
@@ -123,26 +127,30 @@ class _StepSpan(StepProbe):
         span = self.span
         if not span.is_recording():
             return
-        span.set_attributes(
-            {
-                "steptrail.step.seq": end.seq,
-                "steptrail.step.outcome": "ok" if end.error_type is None else "error",
-                "steptrail.step.tokens": end.tokens,
-                "steptrail.step.cost": end.cost,
-            }
-        )
-        payload = dict(end.payload)
-        if payload:
-            span.set_attribute("steptrail.step.payload", _json(payload))
+        # One call, one lock: the SDK cleans every attribute value it is given, so the
+        # per-step cost is in how many there are (bench/observability.py).
+        attributes: dict[str, Any] = {
+            "steptrail.step.outcome": "ok" if end.error_type is None else "error"
+        }
+        if end.tokens:
+            attributes["steptrail.step.tokens"] = end.tokens
+        if end.cost:
+            attributes["steptrail.step.cost"] = end.cost
+        payload = end.payload
+        # Below `redacted` the filter left counts and lengths only (and says so): nothing
+        # worth a JSON attribute per step. Above, the payload is what the log holds.
+        if payload and not payload.get("content_redacted"):
+            attributes["steptrail.step.payload"] = _json(payload)
         if self.kind == "llm":
-            model = _genai_llm(span, payload)
+            model = _genai_llm(attributes, payload)
             if model is not None:
                 span.update_name(f"chat {model}")
         if end.error_type is not None:
-            span.set_attribute("error.type", end.error_type)
+            attributes["error.type"] = end.error_type
             if end.failure_class is not None:
-                span.set_attribute("steptrail.failure_class", end.failure_class)
+                attributes["steptrail.failure_class"] = end.failure_class
             span.set_status(Status(StatusCode.ERROR, end.failure_class or end.error_type))
+        span.set_attributes(attributes)
 
     def close(self) -> None:
         if self.token is None:
@@ -208,14 +216,15 @@ class _SegmentSpan(SegmentProbe):
         span = self.span
         if span.is_recording():
             name = outcome.value if outcome is not None else "crashed"
-            span.set_attributes(
-                {"steptrail.outcome": name, "steptrail.steps.replayed": self.replayed}
-            )
+            attributes: dict[str, Any] = {"steptrail.outcome": name}
+            if self.replayed:
+                attributes["steptrail.steps.replayed"] = self.replayed
             if self.cause is not None:
-                span.set_attribute("steptrail.lease_lost.cause", self.cause)
+                attributes["steptrail.lease_lost.cause"] = self.cause
             if self.failure is not None:
-                span.set_attribute("steptrail.failure_class", self.failure[0])
-                span.set_attribute("error.type", self.failure[1])
+                attributes["steptrail.failure_class"] = self.failure[0]
+                attributes["error.type"] = self.failure[1]
+            span.set_attributes(attributes)
             if outcome is None or outcome in ERROR_OUTCOMES:
                 span.set_status(Status(StatusCode.ERROR, name))
         span.end()
@@ -224,23 +233,46 @@ class _SegmentSpan(SegmentProbe):
             otel_context.detach(token)  # type: ignore[arg-type]
 
 
-def _genai_llm(span: Span, payload: Mapping[str, Any]) -> str | None:
-    """GenAI semantic-convention attributes from a model call's recorded (filtered) payload;
-    returns the model name if one was recorded."""
+def _genai_llm(attributes: dict[str, Any], payload: Mapping[str, Any]) -> str | None:
+    """Add the GenAI semantic-convention attributes a model call's recorded (filtered)
+    payload supports; returns the model name if one was recorded."""
+    if not payload:
+        return None
     model = payload.get("model")
     if isinstance(model, str):
-        span.set_attribute("gen_ai.request.model", model)
+        attributes["gen_ai.request.model"] = model
     provider = payload.get("provider")
     if isinstance(provider, str):
-        span.set_attribute("gen_ai.provider.name", provider)
+        attributes["gen_ai.provider.name"] = provider
     for key in ("input_tokens", "output_tokens"):
         value = payload.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
-            span.set_attribute(f"gen_ai.usage.{key}", value)
+            attributes[f"gen_ai.usage.{key}"] = value
     reason = payload.get("finish_reason")
     if isinstance(reason, str):
-        span.set_attribute("gen_ai.response.finish_reasons", [reason])
+        attributes["gen_ai.response.finish_reasons"] = [reason]
     return model if isinstance(model, str) else None
+
+
+def _parent_context(trace_parent: str | None) -> otel_context.Context | None:
+    """The context a saved `traceparent` describes (None: continue from the current one).
+
+    Parsed here rather than by the propagator: this runs for every segment, and the saved
+    value was written by `_Creation` in the one W3C format.
+    """
+    trace_id = trace_id_of(trace_parent)
+    if trace_id is None:
+        return None
+    assert trace_parent is not None
+    _, _, span_hex, flags_hex = trace_parent.split("-")
+    try:
+        span_id, flags = int(span_hex, 16), int(flags_hex, 16)
+    except ValueError:
+        return None
+    parent = SpanContext(
+        trace_id=int(trace_id, 16), span_id=span_id, is_remote=True, trace_flags=TraceFlags(flags)
+    )
+    return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
 def _version() -> str:
