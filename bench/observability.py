@@ -1,14 +1,18 @@
 """What observability costs a worker: no-op drain rate with and without metrics and tracing.
 
-Three modes drain blocks of no-op runs (the built-in `scripted` agent, one step) with one
+Five modes drain blocks of no-op runs (the built-in `scripted` agent, one step) with one
 in-process worker at concurrency C, on one database, mode after mode, the order rotating
 every cycle:
 
 * `none`: the runtime's telemetry replaced by the no-op seam (nothing observed at all);
 * `metrics`: the worker metrics (Prometheus) only;
-* `metrics+tracing`: worker metrics and OpenTelemetry tracing through the SDK, with a batch
-  span processor and an exporter that drops every span (the "no-op exporter"): spans are
-  created, filled, ended and queued as in production, nothing leaves the process.
+* `metrics+api`: metrics, and tracing through the OpenTelemetry API with no SDK configured
+  (what `steptrail[otel]` costs an application that does not export traces);
+* `metrics+sdk-10%`: metrics, and the SDK sampling one trace in ten (`ParentBased`), batch
+  span processor, an exporter that drops every span;
+* `metrics+sdk`: metrics, and the SDK recording every span, with a batch span processor and
+  an exporter that drops every span (the "no-op exporter"): spans are created, filled, ended
+  and queued as in production, nothing leaves the process.
 
 Runs are enqueued with the mode's telemetry (so traced runs carry a traceparent and their
 segments continue it) but only the drain is timed. The ratio of each mode's rate to `none`
@@ -35,15 +39,20 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import NoOpTracerProvider
 
+from steptrail.domain.enums import Outcome
+from steptrail.domain.ports import ClaimedRun
+from steptrail.domain.run import Run
 from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
 from steptrail.runtime import Runtime, open_runtime
 from steptrail.tracing import Tracing
 from steptrail.worker_metrics import WorkerMetrics
-from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry, compose
+from steptrail.workers.telemetry import NO_TELEMETRY, StepEnd, Telemetry, compose
 
-MODES = ("none", "metrics", "metrics+tracing")
+MODES = ("none", "metrics", "metrics+api", "metrics+sdk-10%", "metrics+sdk")
 
 
 class DropSpans(SpanExporter):
@@ -65,10 +74,17 @@ def observers() -> tuple[dict[str, Telemetry], TracerProvider, DropSpans]:
     exporter = DropSpans()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
+    sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))
+    sampled.add_span_processor(BatchSpanProcessor(exporter))
     modes = {
         "none": NO_TELEMETRY,
         "metrics": WorkerMetrics(),
-        "metrics+tracing": compose(WorkerMetrics(), Tracing(provider)),
+        # steptrail[otel] installed, no SDK configured: the API's non-recording spans.
+        "metrics+api": compose(WorkerMetrics(), Tracing(NoOpTracerProvider())),
+        # the SDK sampling one trace in ten (ParentBased: a run's spans follow its root).
+        "metrics+sdk-10%": compose(WorkerMetrics(), Tracing(sampled)),
+        # the SDK recording every span, batch processor, exporter that drops them.
+        "metrics+sdk": compose(WorkerMetrics(), Tracing(provider)),
     }
     return modes, provider, exporter
 
@@ -119,7 +135,8 @@ def bench(backend: str, args: argparse.Namespace, folder: Path) -> dict[str, Any
         with open_runtime(settings=settings) as rt:
             drain(rt, NO_TELEMETRY, args.block, args.concurrency)  # warm-up, not counted
             for cycle in range(args.cycles):
-                order = MODES[cycle % 3 :] + MODES[: cycle % 3]
+                shift = cycle % len(MODES)
+                order = MODES[shift:] + MODES[:shift]
                 cycles.append({m: drain(rt, modes[m], args.block, args.concurrency) for m in order})
                 line = "  ".join(f"{m} {cycles[-1][m]['runs_per_s']:6.0f}/s" for m in MODES)
                 print(f"{backend} cycle {cycle + 1}: {line}", file=sys.stderr)
@@ -144,6 +161,42 @@ def bench(backend: str, args: argparse.Namespace, folder: Path) -> dict[str, Any
     return {"cycles": cycles, "summary": summary, "spans_exported": exporter.spans}
 
 
+def hooks_cpu_us(repeats: int = 7, n: int = 2000) -> dict[str, float]:
+    """CPU microseconds the observers add to one no-op run's drain, measured alone on one
+    thread (best of `repeats`): the claim hook, a segment with one step, its end. Far less
+    sensitive to a loaded machine than a drain rate."""
+    modes, provider, _ = observers()
+    run = Run.enqueue(
+        run_id=uuid.uuid4(),
+        agent="scripted",
+        request_digest="0" * 64,
+        actor="bench",
+        trace_parent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
+    run.mark_committed()
+    run.claim(holder="worker:bench", lease_ms=60_000)
+    run.mark_committed()
+    claimed = [ClaimedRun(run=run, request=b"{}", age_s=0.01)]
+    end = StepEnd(1, {"content_length": 12, "content_redacted": True})
+    figures = {}
+    for mode in [m for m in MODES if m != "metrics+sdk-10%"]:  # one run: sampled or not
+        telemetry = modes[mode]
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.process_time()
+            for _ in range(n):
+                telemetry.claimed(claimed, 0.001)
+                segment = telemetry.segment_started(run)
+                step = segment.step_started("llm", "think-1", 1)
+                step.ended(end)
+                step.close()
+                segment.ended(Outcome.COMPLETED)
+            best = min(best, (time.process_time() - started) / n * 1e6)
+        figures[mode] = best
+    provider.shutdown()
+    return {mode: value - figures["none"] for mode, value in figures.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block", "-b", type=int, default=200, help="runs per timed drain")
@@ -164,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
     }
+    results["hooks_cpu_us_per_run"] = hooks_cpu_us()
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ["sqlite", *(["postgres"] if args.pg else [])]:
             results[backend] = bench(backend, args, Path(tmp))
@@ -183,6 +237,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"({low:.2f}-{high:.2f}) | {s['cost_percent']:.1f} % | "
                 f"{s['cpu_ratio_to_none']:.3f} |"
             )
+    hooks = results["hooks_cpu_us_per_run"]
+    print()
+    print("| observers alone (one thread, best of 7) | CPU per run | share of `none` CPU per run |")
+    print("|---|---:|---:|")
+    for mode in [m for m in hooks if m != "none"]:
+        shares = []
+        for backend in ("sqlite", "postgres"):
+            if backend in results:
+                base_us = results[backend]["summary"]["none"]["cpu_ms_per_run"] * 1000
+                shares.append(f"{backend} {hooks[mode] / base_us * 100:.1f} %")
+        print(f"| {mode} | {hooks[mode]:.1f} µs | {', '.join(shares)} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -41,6 +41,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from steptrail.domain.enums import Outcome, Segment
 from steptrail.domain.run import Run, trace_id_of
 from steptrail.workers.telemetry import (
+    NO_STEP,
     CreationProbe,
     SegmentProbe,
     StepEnd,
@@ -169,6 +170,7 @@ class _SegmentSpan(SegmentProbe):
         self.failure: tuple[str, str] | None = None
         self.cause: str | None = None
         self.open_step: _StepSpan | None = None
+        self.recording = span.is_recording()
         self.context = trace.set_span_in_context(span)
         self.token: object | None = otel_context.attach(self.context)
 
@@ -180,7 +182,6 @@ class _SegmentSpan(SegmentProbe):
             "steptrail.step.name": name,
             "steptrail.step.seq": seq,
             "steptrail.step.replayed": replayed,
-            "steptrail.run.attempt": self.attempt,
         }
         if kind == "llm":
             attributes["gen_ai.operation.name"] = "chat"
@@ -190,12 +191,18 @@ class _SegmentSpan(SegmentProbe):
         return self.tracer.start_span(title, context=self.context, attributes=attributes)
 
     def step_started(self, kind: str, name: str, seq: int) -> StepProbe:
+        if not self.recording:
+            # No SDK, or the trace was sampled out: its step spans would not record either.
+            # The segment's context stays current, so propagation to outside calls works.
+            return NO_STEP
         step = _StepSpan(self._step_span(kind, name, seq, replayed=False), kind, name)
         self.open_step = step
         return step
 
     def step_replayed(self, kind: str, name: str, seq: int, *, failed: bool) -> None:
         self.replayed += 1
+        if not self.recording:
+            return
         span = self._step_span(kind, name, seq, replayed=True)
         span.set_attribute("steptrail.step.outcome", "error" if failed else "ok")
         span.end()
