@@ -118,11 +118,13 @@ class _Creation(CreationProbe):
 
 
 class _StepSpan(StepProbe):
-    def __init__(self, span: Span, kind: str, name: str) -> None:
+    def __init__(self, span: Span, kind: str, name: str, segment: otel_context.Context) -> None:
         self.span = span
         self.kind = kind
         self.name = name
-        self.token: object | None = otel_context.attach(trace.set_span_in_context(span))
+        # Current while the step runs, so the spans of what it calls nest under it.
+        context = trace.set_span_in_context(span, segment)
+        self.token: object | None = otel_context.attach(context)
 
     def ended(self, end: StepEnd) -> None:
         span = self.span
@@ -195,7 +197,7 @@ class _SegmentSpan(SegmentProbe):
             # No SDK, or the trace was sampled out: its step spans would not record either.
             # The segment's context stays current, so propagation to outside calls works.
             return NO_STEP
-        step = _StepSpan(self._step_span(kind, name, seq, replayed=False), kind, name)
+        step = _StepSpan(self._step_span(kind, name, seq, replayed=False), kind, name, self.context)
         self.open_step = step
         return step
 
