@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from steptrail.domain.classifier import ClassifiedError
@@ -70,6 +70,30 @@ class JournalEntry:
     error_type: str | None = None
     error_message: str | None = None
     failure_class: FailureClass | None = None
+    # The stored form, when whoever made the entry has encoded it already (not compared).
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of_value(cls, position: int, call: StepCall, value: Any, *, seq: int = 0) -> JournalEntry:
+        """The entry of a step that returned `value`, encoded now: ValueError if `value` has
+        no JSON form (NaN, infinity)."""
+        entry = cls(seq, position, call.kind, call.name, call.fingerprint, value=value)
+        return entry.numbered(seq, encoded=entry.outcome())
+
+    def numbered(self, seq: int, *, encoded: bytes | None = None) -> JournalEntry:
+        """This entry as step `seq` (the step's number is known only when it is recorded)."""
+        return JournalEntry(
+            seq,
+            self.position,
+            self.kind,
+            self.name,
+            self.fingerprint,
+            self.value,
+            self.error_type,
+            self.error_message,
+            self.failure_class,
+            encoded or self.encoded,
+        )
 
     @property
     def call(self) -> StepCall:
@@ -81,6 +105,8 @@ class JournalEntry:
 
     def outcome(self) -> bytes:
         """The verbatim outcome, as stored (JSON)."""
+        if self.encoded is not None:
+            return self.encoded
         if self.failed:
             body: dict[str, Any] = {
                 "error": {
@@ -91,7 +117,8 @@ class JournalEntry:
             }
         else:
             body = {"value": self.value}
-        return canonical_json(body)
+        # Not canonical (nothing hashes it): plain JSON is cheaper on the hot path.
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
     @classmethod
     def from_row(

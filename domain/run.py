@@ -18,7 +18,6 @@ Two things are deliberately absent here:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any, ClassVar
 from uuid import UUID
 
@@ -614,7 +613,7 @@ class Run:
         holder = self._holder("record a step")
         seq = self._state.steps + 1
         if journal is not None:
-            self._pending_journal.append(replace(journal, seq=seq))
+            self._pending_journal.append(journal.numbered(seq))
         self._trigger(
             self.StepRecorded(
                 actor=holder,
