@@ -475,10 +475,13 @@ class RunContext:
             limit = self._deadlines.step_timeout
         if not effect.is_write:
             return self._live(call, fn, payload=payload, timeout=limit)
+        # The segment's deadline is checked before the marker: a write that never started
+        # must not leave a marker saying it may have happened.
+        limit = self._limit(limit)
         seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
         self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
         try:
-            value = self._live(call, fn, payload=payload, timeout=limit, boundary=False)
+            value = self._live(call, fn, payload=payload, timeout=limit, marked=True)
         except LeaseLost:
             raise
         except BaseException:
@@ -529,11 +532,13 @@ class RunContext:
         *,
         payload: Mapping[str, Any] | None,
         timeout: float | None,
-        boundary: bool = True,
+        marked: bool = False,
     ) -> T:
-        if boundary:
+        """Run `fn` for real and record it. `marked`: a write whose marker was just appended
+        (that append was the boundary, and the deadline was checked before it)."""
+        if not marked:
             self._segment.boundary()
-        limit = self._limit(timeout)
+        limit = timeout if marked else self._limit(timeout)
         started = time.perf_counter()
         try:
             outcome = fn() if limit is None else self._with_deadline(call.name, fn, limit)
