@@ -45,7 +45,7 @@ from run import (
 )
 
 from steptrail.domain.enums import FailureClass, PrivacyLevel
-from steptrail.domain.journal import JournalCursor, JournalEntry, fingerprint
+from steptrail.domain.journal import JournalCursor, JournalEntry, StepCall, fingerprint
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime, open_runtime
 from steptrail.workers.context import Recorded, RunContext
@@ -74,10 +74,7 @@ def append_rates(runtime: Runtime, k: int) -> tuple[float, float]:
     claimed runs, alternating in batches of 25 so that the machine's load hits both alike."""
     plain, journaled = claim(runtime), claim(runtime)
     payloads = [step_payload(i) for i in range(1, k + 1)]
-    entries = [
-        JournalEntry(0, i, "llm", f"think-{i}", fingerprint(p), value=f"thought {i}")
-        for i, p in enumerate(payloads, start=1)
-    ]
+    calls = [StepCall("llm", f"think-{i}", fingerprint(p)) for i, p in enumerate(payloads, 1)]
     spent = {False: 0.0, True: 0.0}
     for first in range(0, k, BATCH):
         order = (False, True) if (first // BATCH) % 2 == 0 else (True, False)
@@ -92,7 +89,10 @@ def append_rates(runtime: Runtime, k: int) -> tuple[float, float]:
                     payload=payloads[i],
                     tokens=10,
                     cost=0.0001,
-                    journal=entries[i] if with_journal else None,
+                    # Encoding the outcome is part of what the journal adds to a step.
+                    journal=JournalEntry.of_value(i + 1, calls[i], f"thought {i + 1}")
+                    if with_journal
+                    else None,
                 )
                 runtime.store.append(run)
             spent[with_journal] += time.perf_counter() - started

@@ -35,6 +35,10 @@ from steptrail.domain.classifier import ClassifiedError
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import FailureClass
 
+# Not canonical (nothing hashes an outcome): one plain encoder, built once, is what the hot
+# path can afford; json.dumps with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 
 def fingerprint(arguments: Any) -> str:
     """A short digest of a step's declared arguments (JSON-compatible), for matching only."""
@@ -77,23 +81,8 @@ class JournalEntry:
     def of_value(cls, position: int, call: StepCall, value: Any, *, seq: int = 0) -> JournalEntry:
         """The entry of a step that returned `value`, encoded now: ValueError if `value` has
         no JSON form (NaN, infinity)."""
-        entry = cls(seq, position, call.kind, call.name, call.fingerprint, value=value)
-        return entry.numbered(seq, encoded=entry.outcome())
-
-    def numbered(self, seq: int, *, encoded: bytes | None = None) -> JournalEntry:
-        """This entry as step `seq` (the step's number is known only when it is recorded)."""
-        return JournalEntry(
-            seq,
-            self.position,
-            self.kind,
-            self.name,
-            self.fingerprint,
-            self.value,
-            self.error_type,
-            self.error_message,
-            self.failure_class,
-            encoded or self.encoded,
-        )
+        encoded = _ENCODER.encode({"value": value}).encode()
+        return cls(seq, position, call.kind, call.name, call.fingerprint, value, encoded=encoded)
 
     @property
     def call(self) -> StepCall:
@@ -117,8 +106,7 @@ class JournalEntry:
             }
         else:
             body = {"value": self.value}
-        # Not canonical (nothing hashes it): plain JSON is cheaper on the hot path.
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        return _ENCODER.encode(body).encode()
 
     @classmethod
     def from_row(
