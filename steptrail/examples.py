@@ -13,8 +13,8 @@ Request fields (all optional):
   `lookup`, `upsert_record` and `send_email`; any other name counts as undeclared).
 * `fail`: `{"class": <failure class>, "at": k, "times": n}`: raise an error of that class at
   step k on the first n executions (default: every execution).
-* `crash`: `{"at": k, "times": n}`: kill this whole process with SIGKILL at step k, like a
-  machine dying (for trying the reaper; never in a process you care about).
+* `crash`: `{"at": k, "times": n}`: kill this whole process with SIGKILL in the middle of
+  step k, like a machine dying (for trying the reaper; never in a process you care about).
 * `approval`: `{"at": k or [k, …], "tools": ["send_email", …]}`: before step k, stop and
   wait for a person to approve those tool calls (`steptrail approve/deny`); when resumed,
   run them (or record their denial) and go on. Several points suspend several times.
@@ -157,8 +157,6 @@ def scripted(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
         for at, kind in pauses:
             if at == k:
                 _pause(ctx, script, kind, k)
-        if script.crash and k == script.crash.at and _due(script.crash.times, ctx.attempt):
-            os.kill(os.getpid(), signal.SIGKILL)
         work = _work(ctx, script, k)
         if script.fail and k == script.fail.at and _due(script.fail.times, ctx.attempt):
             failure = error_of(script.fail.class_)
@@ -198,11 +196,15 @@ def _work(ctx: RunContext, script: Script, k: int) -> Any:
     attempt = ctx.attempt
     witness = Path(script.witness) / str(ctx.run_id) if script.witness else None
     hang = script.hang if script.hang and script.hang.at == k else None
+    crash = script.crash if script.crash and script.crash.at == k else None
 
     def run() -> None:
         if witness is not None:
             with witness.open("a") as f:
                 f.write(f"{k}\n")
+        if crash is not None and _due(crash.times, attempt):
+            # In the middle of step k: the records of steps 1..k-1 are in the log.
+            os.kill(os.getpid(), signal.SIGKILL)
         if hang is not None and _due(hang.times, attempt):
             time.sleep(hang.seconds)
         elif script.sleep:

@@ -477,11 +477,14 @@ class RunContext:
             limit = self._deadlines.step_timeout
         if not effect.is_write:
             return self._live(call, fn, payload=payload, timeout=limit)
+        # The segment's deadline is checked before the marker: a write that never started
+        # must not leave a marker saying it may have happened.
+        limit = self._limit(limit)
         seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
         version = self._segment.run.version
         self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq, version=version)
         try:
-            value = self._live(call, fn, payload=payload, timeout=limit, boundary=False)
+            value = self._live(call, fn, payload=payload, timeout=limit, marked=True)
         except LeaseLost:
             raise
         except BaseException:
@@ -535,11 +538,13 @@ class RunContext:
         *,
         payload: Mapping[str, Any] | None,
         timeout: float | None,
-        boundary: bool = True,
+        marked: bool = False,
     ) -> T:
-        if boundary:
+        """Run `fn` for real and record it. `marked`: a write whose marker was just appended
+        (that append was the boundary, and the deadline was checked before it)."""
+        if not marked:
             self._segment.boundary()
-        limit = self._limit(timeout)
+        limit = timeout if marked else self._limit(timeout)
         self._step = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
         started = time.perf_counter()
         try:
@@ -658,7 +663,6 @@ def _entry(
     classify_error: Callable[[BaseException], FailureClass],
 ) -> JournalEntry:
     """The journal entry of a finished step: its value as JSON, or its error."""
-    base = JournalEntry(0, position, call.kind, call.name, call.fingerprint)
     if error is not None:
         message = error.original_message if isinstance(error, ReplayedError) else str(error)
         return JournalEntry(
@@ -673,10 +677,9 @@ def _entry(
         )
     value = jsonable(result)
     try:
-        canonical_json(value)
+        return JournalEntry.of_value(position, call, value)
     except ValueError:  # NaN or infinity: JSON has no word for them
-        value = str(value)
-    return JournalEntry(base.seq, position, base.kind, base.name, base.fingerprint, value=value)
+        return JournalEntry.of_value(position, call, str(value))
 
 
 def _replayed(entry: JournalEntry) -> Any:
