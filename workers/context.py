@@ -324,6 +324,7 @@ class RunContext:
     def _take(self, call: StepCall, resumption: Resumption) -> None:
         """Record the agent taking its decision as a step (its outcome journaled)."""
         self._segment.boundary()
+        self._step = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
         self._taken = resumption
         value = {
             "kind": resumption.kind.value,

@@ -170,7 +170,12 @@ def test_trace__reclaimed_and_resumed_run_is_one_trace(
 
     assert steps_of(segments[0]) == [("plan", 1, False), ("wait", 2, False)]
     assert steps_of(segments[1]) == [("plan", 1, True), ("wait", 2, False)]
-    assert steps_of(segments[2]) == [("plan", 1, True), ("wait", 2, True), ("publish", 4, False)]
+    assert steps_of(segments[2]) == [
+        ("plan", 1, True),
+        ("wait", 2, True),
+        ("approval", 3, False),  # the decision taken, recorded as a step
+        ("publish", 4, False),
+    ]
 
     plan = next(s for s in spans if s.attributes.get("steptrail.step.name") == "plan")
     assert plan.name == "chat test-model"
