@@ -7,9 +7,10 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from steptrail import RunStatus
+from steptrail import RunStatus, Settings, open_runtime
 from steptrail.runtime import Runtime
 from steptrail.worker_metrics import METRIC_NAMES, WorkerMetrics, serve_metrics
 from tests.conftest import make_runtime
@@ -115,3 +116,20 @@ def test_metrics__labels_say_what_happened(db_url: str) -> None:
         == 1
     )
     assert value("steptrail_worker_claim_duration_seconds_count", result="runs") >= 2
+
+
+def test_metrics__go_to_the_registry_an_embedder_passes(sqlite_url: str) -> None:
+    """`steptrail.open(..., metrics_registry=R)` registers the worker metrics in R, where the
+    application's own exposition finds them."""
+    registry = CollectorRegistry()
+    settings = Settings(database_url=sqlite_url, log_level="warning")
+    rt = open_runtime(settings=settings, metrics_registry=registry)
+    try:
+        assert rt.metrics is not None
+        assert rt.metrics.registry is registry
+        rt.enqueue("scripted", {"steps": 1})
+        rt.work(burst=True)
+    finally:
+        rt.close()
+    text = generate_latest(registry).decode()
+    assert 'steptrail_worker_segments_total{agent="scripted",outcome="completed"} 1.0' in text
