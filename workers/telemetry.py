@@ -32,7 +32,6 @@ TAKEN_OVER = "taken_over"  # somebody else appended: a reclaim, another claim, a
 CANCELLED = "cancelled"  # a cancel landed first
 SELF_FENCED = "self_fenced"  # the store stayed unreachable for half a lease (ADR 0007)
 GONE = "gone"  # the run no longer exists (purged)
-ENDED = "ended"  # something still held a segment that had ended
 
 
 @dataclass(frozen=True)

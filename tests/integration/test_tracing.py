@@ -110,6 +110,10 @@ def reclaimed_then_approved(rt: Runtime, gate: Gate, provider: TracerProvider) -
     return run_id, caller
 
 
+def parent_id(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
 def by_start(spans: Any) -> list[ReadableSpan]:
     return sorted(spans, key=lambda s: s.start_time)
 
@@ -292,3 +296,30 @@ def test_logs__every_run_event_has_the_documented_fields(
             assert event["worker_id"].startswith(("worker:", "resume:")), event
         if event["event"] in {"step_recorded", "effect_pending"}:
             assert isinstance(event["seq"], int), event
+
+
+def test_trace__interactive_start_is_one_trace_under_the_caller(
+    db_url: str, exporter: InMemorySpanExporter
+) -> None:
+    """An interactive `start` opens a `start` span under the caller's span; its segment
+    (INTERNAL, kind interactive) and step continue the same trace."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    rt = open_runtime(
+        settings=Settings(**{**FAST, "database_url": db_url}), tracer_provider=provider
+    )
+    try:
+        with provider.get_tracer("test").start_as_current_span("cli") as caller:
+            result = rt.start("scripted", {"steps": 1})
+    finally:
+        rt.close()
+    assert result.outcome is Outcome.COMPLETED
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    start, segment = spans["start scripted"], spans["invoke_agent scripted"]
+    assert parent_id(start) == caller.get_span_context().span_id
+    assert parent_id(segment) == start.context.span_id
+    assert segment.kind is SpanKind.INTERNAL
+    assert segment.attributes["steptrail.segment.kind"] == "interactive"
+    (step,) = [s for s in spans.values() if s.attributes.get("steptrail.step.kind") == "llm"]
+    assert parent_id(step) == segment.context.span_id
+    assert {s.context.trace_id for s in spans.values()} == {caller.get_span_context().trace_id}
