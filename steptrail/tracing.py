@@ -96,7 +96,7 @@ class Tracing(Telemetry):
                 "steptrail.worker.id": state.holder or "",
             },
         )
-        return _SegmentSpan(self.tracer, span, attempt=state.requeue_count + 1)
+        return _SegmentSpan(self.tracer, span)
 
 
 class _Creation(CreationProbe):
@@ -164,10 +164,9 @@ class _StepSpan(StepProbe):
 
 
 class _SegmentSpan(SegmentProbe):
-    def __init__(self, tracer: trace.Tracer, span: Span, *, attempt: int) -> None:
+    def __init__(self, tracer: trace.Tracer, span: Span) -> None:
         self.tracer = tracer
         self.span = span
-        self.attempt = attempt
         self.replayed = 0
         self.failure: tuple[str, str] | None = None
         self.cause: str | None = None
