@@ -96,7 +96,7 @@ class Tracing(Telemetry):
                 "steptrail.worker.id": state.holder or "",
             },
         )
-        return _SegmentSpan(self.tracer, span)
+        return _SegmentSpan(self.tracer, span, attempt=state.requeue_count + 1)
 
 
 class _Creation(CreationProbe):
@@ -164,9 +164,10 @@ class _StepSpan(StepProbe):
 
 
 class _SegmentSpan(SegmentProbe):
-    def __init__(self, tracer: trace.Tracer, span: Span) -> None:
+    def __init__(self, tracer: trace.Tracer, span: Span, *, attempt: int) -> None:
         self.tracer = tracer
         self.span = span
+        self.attempt = attempt
         self.replayed = 0
         self.failure: tuple[str, str] | None = None
         self.cause: str | None = None
