@@ -184,6 +184,7 @@ class _SegmentSpan(SegmentProbe):
             "steptrail.step.name": name,
             "steptrail.step.seq": seq,
             "steptrail.step.replayed": replayed,
+            "steptrail.run.attempt": self.attempt,
         }
         if kind == "llm":
             attributes["gen_ai.operation.name"] = "chat"
