@@ -240,7 +240,9 @@ class PostgresRunStore(ClaimsOne):
                 run_id=run_id,
                 version=r["version"],
                 recorded_at=r["recorded_at"],
-                event=decode_event(r["topic"], bytes(r["state"])),
+                event=decode_event(
+                    r["topic"], bytes(r["state"]), where=f"event {r['version']} of run {run_id}"
+                ),
                 notification_id=r["notification_id"],
             )
             for r in rows
@@ -267,7 +269,9 @@ class PostgresRunStore(ClaimsOne):
         cur.itersize = 2000
         cur.execute(self.q["select_log"])
         for r in cur:
-            yield r["run_id"], decode_event(r["topic"], bytes(r["state"])), r["recorded_at"]
+            where = f"event {r['version']} of run {r['run_id']}"
+            event = decode_event(r["topic"], bytes(r["state"]), where=where)
+            yield r["run_id"], event, r["recorded_at"]
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
         """Replace the run index with one folded from the log, in one transaction that holds

@@ -222,7 +222,11 @@ class ReportingStore:
             run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
             version=int(row["version"]),
             recorded_at=at,
-            event=decode_event(row["topic"], bytes(row["state"])),
+            event=decode_event(
+                row["topic"],
+                bytes(row["state"]),
+                where=f"event {row['version']} of run {run_id}",
+            ),
         )
 
     def _summary(self, row: Any) -> RunSummary:

@@ -12,6 +12,7 @@ hand a completed step's recorded result back instead of running it again (durabl
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +31,15 @@ from steptrail.domain.decisions import (
 )
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import Effect, Outcome, PrivacyLevel, TerminationReason, WaitKind
+from steptrail.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadRejected,
+    check_depth,
+    check_size,
+)
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.run import Decision, Run
+from steptrail.domain.schemas import check_schema
 from steptrail.workers.segment import LeaseLost, Segment
 
 T = TypeVar("T")
@@ -107,8 +115,10 @@ class RunContext:
         privacy: PrivacyLevel,
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self._segment = segment
+        self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
         self._effect_of = effect_of
         self.request = request
@@ -191,11 +201,16 @@ class RunContext:
         conversation: Any = None,
     ) -> Never:
         """Stop and wait until a person submits values matching `schema` (a pydantic model
-        or a JSON Schema); they arrive as `ctx.resumed.values`."""
-        json_schema = (
+        or a JSON Schema); they arrive as `ctx.resumed.values`.
+
+        Raises:
+            InvalidSchema: the schema is invalid, refers outside itself or is too large
+                (ADR 0020); the run is not suspended, and fails unless the agent handles it.
+        """
+        json_schema = check_schema(
             schema.model_json_schema()
             if isinstance(schema, type) and issubclass(schema, BaseModel)
-            else dict(schema)
+            else schema
         )
         state = ResumableState(
             kind=WaitKind.INPUT,
@@ -230,7 +245,9 @@ class RunContext:
         return results
 
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
+        check_depth(state.conversation, "the saved conversation")
         body = canonical_json(jsonable(state.model_dump(mode="json")))
+        check_size(len(body), self._max_payload_bytes, "the saved resumable state")
         kind = state.kind
 
         def suspend(run: Run) -> None:
@@ -360,8 +377,19 @@ class RunContext:
             tokens, cost = extra.tokens, extra.cost
         if error is None:
             body["content" if kind == "llm" else "result"] = result
-        filtered = filter_payload(jsonable(body), self._privacy)
         error_type = type(error).__name__ if error is not None else None
+        try:
+            # Bounded before anything else walks it (ADR 0019): what is written must be
+            # readable back. A step too deep or too large is recorded without its payload,
+            # as failed with the limit's error type, and the agent gets the error.
+            check_depth(body, f"the payload of step {name!r}")
+            filtered = filter_payload(jsonable(body), self._privacy)
+            self.check_size(filtered, f"the payload of step {name!r}")
+        except PayloadRejected as too_much:
+            filtered, error_type = {"payload_rejected": True}, type(too_much).__name__
+            rejected = too_much if error is None else None
+        else:
+            rejected = None
 
         def record(run: Run) -> int:
             return run.record_step(
@@ -376,6 +404,13 @@ class RunContext:
             )
 
         self._segment.defer(record)
+        if rejected is not None:
+            raise rejected
+
+    def check_size(self, payload: Any, what: str) -> None:
+        """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str))
+        check_size(size, self._max_payload_bytes, what)
 
 
 def _bind(
