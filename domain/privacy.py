@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from steptrail.domain.digest import digest
 from steptrail.domain.enums import PrivacyLevel
 
 # Keys whose values are content: messages sent, content, thinking, requested tool calls, raw
@@ -189,3 +190,27 @@ def filter_payload(payload: Mapping[str, Any], level: PrivacyLevel | str) -> dic
     # a secret, so every one of them is masked, however deeply nested.
     masked: dict[str, Any] = _mask(_summarise(payload))
     return masked
+
+
+def filter_schema(schema: Mapping[str, Any] | None, level: PrivacyLevel | str) -> Any:
+    """What of a declared input schema the log may keep (the `Suspended` event, the run's
+    waiting state); the schema itself is kept verbatim only in the saved resumable state.
+
+    At `full`, the schema; at `redacted`, the schema with every string masked and cut; at
+    `none`/`metadata`, only its digest and its property names (masked), since titles,
+    descriptions, examples, defaults and enums are free text (ADR 0019).
+    """
+    if schema is None:
+        return None
+    level = PrivacyLevel.parse(level)
+    if level is PrivacyLevel.FULL:
+        return dict(schema)
+    if level is PrivacyLevel.REDACTED:
+        return _redact(schema)
+    properties = schema.get("properties")
+    names = sorted(str(k) for k in properties) if isinstance(properties, Mapping) else []
+    return {
+        "content_redacted": True,
+        "schema_digest": digest(dict(schema)),
+        "properties": [mask_secrets(n) for n in names],
+    }

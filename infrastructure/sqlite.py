@@ -294,14 +294,15 @@ class SQLiteRunStore(ClaimsOne):
 
     # -- schema --------------------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
+    def migrate(self, *, upto: int | None = None) -> list[str]:
+        """Apply missing migrations (only those numbered `upto` or lower, if given)."""
         applied_now: list[str] = []
         with self._write() as (cur, at):
             cur.execute(self.q["create_migrations_table"])
             cur.execute(self.q["applied_migrations"])
             done = {r["version"] for r in cur.fetchall()}
             for number, name, sql in migrations(self.backend):
-                if number in done:
+                if number in done or (upto is not None and number > upto):
                     continue
                 # executescript would COMMIT our transaction; run statement by statement.
                 for statement in statements(sql):
@@ -559,7 +560,7 @@ class SQLiteRunStore(ClaimsOne):
     def after_purge(self) -> None:
         """Fold the WAL back into the database so deleted content leaves the WAL file too."""
         with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
-            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cur.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id.hex})

@@ -37,7 +37,7 @@ from steptrail.domain.limits import (
     check_depth,
     check_size,
 )
-from steptrail.domain.privacy import filter_payload
+from steptrail.domain.privacy import filter_payload, filter_schema
 from steptrail.domain.run import Decision, Run
 from steptrail.domain.schemas import check_schema
 from steptrail.workers.segment import LeaseLost, Segment
@@ -250,9 +250,11 @@ class RunContext:
         check_size(len(body), self._max_payload_bytes, "the saved resumable state")
         kind = state.kind
 
+        logged_schema = filter_schema(state.input_schema, self._privacy)
+
         def suspend(run: Run) -> None:
             run.suspend(
-                kind=kind, digest=digest, pending_tools=tools, input_schema=state.input_schema
+                kind=kind, digest=digest, pending_tools=tools, input_schema=logged_schema
             )
 
         try:
