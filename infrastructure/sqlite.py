@@ -120,9 +120,12 @@ def target_from_url(url: str) -> SQLiteTarget:
     file = Path(path).expanduser()
     resolved = file.resolve()
     _check_file(resolved, url, mode_ro=mode_ro)
-    writable = not resolved.exists() or (
-        os.access(resolved, os.W_OK) and os.access(resolved.parent, os.W_OK)
-    )
+    folder_writable = os.access(resolved.parent, os.W_OK)
+    writable = not resolved.exists() or (os.access(resolved, os.W_OK) and folder_writable)
+    if not folder_writable and resolved.exists():
+        # A read-only folder (a read-only mount): SQLite cannot create the WAL index beside
+        # the file, so the file is opened as immutable; nobody can write it from here anyway.
+        return SQLiteTarget(f"file:{quote(str(resolved))}?mode=ro&immutable=1", resolved, True)
     if mode_ro or not writable:
         return SQLiteTarget(f"file:{quote(str(resolved))}?mode=ro", resolved, True)
     return SQLiteTarget(str(file), resolved, False)

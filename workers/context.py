@@ -37,7 +37,7 @@ from steptrail.domain.limits import (
     check_depth,
     check_size,
 )
-from steptrail.domain.privacy import filter_payload, filter_schema
+from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
 from steptrail.domain.run import Decision, Run
 from steptrail.domain.schemas import check_schema
 from steptrail.workers.segment import LeaseLost, Segment
@@ -116,8 +116,10 @@ class RunContext:
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        declared_tools: frozenset[str] | None = None,
     ) -> None:
         self._segment = segment
+        self._declared_tools = declared_tools
         self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
         self._effect_of = effect_of
@@ -191,7 +193,8 @@ class RunContext:
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
-        self._suspend(state, calls_digest(pending), tuple(c.name for c in pending))
+        labels = tuple(self.tool_label(c.name) for c in pending)
+        self._suspend(state, calls_digest(pending), labels)
 
     def request_input(
         self,
@@ -236,7 +239,8 @@ class RunContext:
         results = []
         for call in resumed.calls:
             if not resumed.approved:
-                self.step("tool", call.name, lambda: {"error": DENIED}, payload={"tool": call.name})
+                label = self.tool_label(call.name)
+                self.step("tool", label, lambda: {"error": DENIED}, payload={"tool": label})
                 results.append(CallResult(call=call, error=DENIED))
                 continue
             run = _bind(tools, call)
@@ -338,15 +342,22 @@ class RunContext:
         the marker stays, because the write may have happened.
         """
         effect = self._effect_of(name)
-        payload: dict[str, Any] = {"tool": name, "effect": effect.value}
+        # What the log (and log lines) call the tool: a name the request may have chosen is
+        # free text, labelled below `redacted` unless the app declared it (ADR 0019).
+        label = self.tool_label(name)
+        payload: dict[str, Any] = {"tool": label, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
         if effect.is_write:
             seq = self._segment.commit(
-                lambda run: run.mark_effect_pending(tool=name, effect=effect)
+                lambda run: run.mark_effect_pending(tool=label, effect=effect)
             )
-            self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
-        return self.step("tool", name, fn, payload=payload)
+            self.log.info("effect_pending", tool=label, effect=effect.value, seq=seq)
+        return self.step("tool", label, fn, payload=payload)
+
+    def tool_label(self, name: str) -> str:
+        """How tool `name` appears in this run's log at its privacy level."""
+        return tool_label(name, self._privacy, self._declared_tools)
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -385,7 +396,9 @@ class RunContext:
             # readable back. A step too deep or too large is recorded without its payload,
             # as failed with the limit's error type, and the agent gets the error.
             check_depth(body, f"the payload of step {name!r}")
-            filtered = filter_payload(jsonable(body), self._privacy)
+            filtered = filter_payload(
+                jsonable(body), self._privacy, declared_tools=self._declared_tools
+            )
             self.check_size(filtered, f"the payload of step {name!r}")
         except PayloadRejected as too_much:
             filtered, error_type = {"payload_rejected": True}, type(too_much).__name__

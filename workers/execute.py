@@ -86,6 +86,7 @@ class Executor:
             effect_of=self.app.effect_of,
             resumable=resumable,
             max_payload_bytes=self.config.max_payload_bytes,
+            declared_tools=self.app.declared_tools,
         )
         self.keeper.track(segment)
         try:

@@ -152,7 +152,7 @@ class _Counting(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: Any) -> None:
         return
 
 
@@ -211,7 +211,9 @@ def test_input__catastrophic_pattern_bounded(db_url: str) -> None:
     steptrail("work", "--burst", url=db_url)
     for key in ("a", "b"):
         values = json.dumps({key: "a" * 40 + "!"})
-        bad = steptrail("input", run_id, "--by", "alice", "--values", values, url=db_url, timeout=30)
+        bad = steptrail(
+            "input", run_id, "--by", "alice", "--values", values, url=db_url, timeout=30
+        )
         one_line_error(bad, 2)
         assert show(db_url, run_id)["run"]["status"] == "waiting_for_input"
     good = steptrail("input", run_id, "--by", "alice", "--values", '{"a": "aaa"}', url=db_url)
@@ -262,54 +264,53 @@ def test_migrate__failed_open_leaves_no_sqlite_file(tmp_path: Path) -> None:
 HUGE = "9223372036854775808"
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["runs", "--limit", HUGE],
-        ["dead-letters", "--limit", HUGE],
-        ["reap", "--limit", HUGE],
-        ["purge", "--batch", HUGE],
-        ["purge", "--days", "99999999999"],
-        ["reap", "--every", "inf"],
-        ["reap", "--every", "nan"],
-        ["project", "--every", "inf"],
-        ["audit", str(uuid.UUID(int=1)), "--at", HUGE],
-        ["reap", "--limit", "0"],
-        ["show", "not-a-uuid"],
-        ["work", "--concurrency", "0"],
-        ["enqueue"],
-        ["runs", "--no-such-option"],
-    ],
-)
-def test_bad_option__one_line_exit_2(sqlite_url: str, args: list[str]) -> None:
+BAD_OPTIONS = [
+    ["runs", "--limit", HUGE],
+    ["dead-letters", "--limit", HUGE],
+    ["reap", "--limit", HUGE],
+    ["purge", "--batch", HUGE],
+    ["purge", "--days", "99999999999"],
+    ["reap", "--every", "inf"],
+    ["reap", "--every", "nan"],
+    ["project", "--every", "inf"],
+    ["audit", str(uuid.UUID(int=1)), "--at", HUGE],
+    ["reap", "--limit", "0"],
+    ["show", "not-a-uuid"],
+    ["work", "--concurrency", "0"],
+    ["enqueue"],
+    ["runs", "--no-such-option"],
+]
+
+
+def test_bad_option__one_line_exit_2(sqlite_url: str) -> None:
     """Out-of-range or malformed options get one `error:` line and exit 2, no usage box."""
-    one_line_error(steptrail(*args, url=sqlite_url), 2)
+    for args in BAD_OPTIONS:
+        one_line_error(steptrail(*args, url=sqlite_url), 2)
     healthy(sqlite_url)
 
 
-@pytest.mark.parametrize(
-    ("variable", "value"),
-    [
-        ("STEPTRAIL_LEASE_SECONDS", "inf"),
-        ("STEPTRAIL_LEASE_SECONDS", "1e300"),
-        ("STEPTRAIL_LEASE_SECONDS", "nan"),
-        ("STEPTRAIL_RETRY_BASE_SECONDS", "inf"),
-        ("STEPTRAIL_RETRY_CAP_SECONDS", "-1"),
-        ("STEPTRAIL_POLL_INTERVAL", "0"),
-        ("STEPTRAIL_MAX_REQUEUES", "1e9"),
-        ("STEPTRAIL_RETENTION_DAYS", "99999999999"),
-        ("STEPTRAIL_RETENTION_AGENT_RUN_DAYS", "99999999999"),
-        ("STEPTRAIL_MAX_REQUEST_BYTES", "12"),
-        ("STEPTRAIL_LOG_LEVEL", "loud"),
-    ],
-)
-def test_bad_setting__names_variable_and_range(sqlite_url: str, variable: str, value: str) -> None:
+BAD_SETTINGS = [
+    ("STEPTRAIL_LEASE_SECONDS", "inf"),
+    ("STEPTRAIL_LEASE_SECONDS", "1e300"),
+    ("STEPTRAIL_LEASE_SECONDS", "nan"),
+    ("STEPTRAIL_RETRY_BASE_SECONDS", "inf"),
+    ("STEPTRAIL_RETRY_CAP_SECONDS", "-1"),
+    ("STEPTRAIL_POLL_INTERVAL", "0"),
+    ("STEPTRAIL_MAX_REQUEUES", "1e9"),
+    ("STEPTRAIL_RETENTION_DAYS", "99999999999"),
+    ("STEPTRAIL_RETENTION_AGENT_RUN_DAYS", "99999999999"),
+    ("STEPTRAIL_MAX_REQUEST_BYTES", "12"),
+    ("STEPTRAIL_LOG_LEVEL", "loud"),
+]
+
+
+def test_bad_setting__names_variable_and_range(sqlite_url: str) -> None:
     """A setting out of range stops `work` (and every command) at once with one line naming
     the variable and what it may be, instead of crashing a worker later."""
-    env = {variable: value}
-    line = one_line_error(steptrail("work", "--burst", url=sqlite_url, **env), 2)
-    assert variable in line
-    assert any(word in line for word in ("at most", "at least", "above", "one of", "from 1"))
+    for variable, value in BAD_SETTINGS:
+        line = one_line_error(steptrail("work", "--burst", url=sqlite_url, **{variable: value}), 2)
+        assert variable in line
+        assert any(w in line for w in ("at most", "at least", "above", "one of", "from 1")), line
     healthy(sqlite_url)
 
 
@@ -392,19 +393,27 @@ def test_read_only_mount__readers_work(tmp_path: Path) -> None:
 # -- Medium 5: actor names ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["", " ", "[bold red]admin[/]", "alice\x1b[2J", "bob\u202eevil", "x" * 100_000, " alice"],
-)
-def test_by__refused_exit_2(db_url: str, name: str) -> None:
+BAD_NAMES = [
+    "",
+    " ",
+    "[bold red]admin[/]",
+    "alice\x1b[2J",
+    "bob\u202eevil",
+    "x" * 100_000,
+    " alice",
+]
+
+
+def test_by__refused_exit_2(db_url: str) -> None:
     """`--by` names that are empty, blank, markup, escapes, invisible controls, too long or
     padded are refused with exit 2 for every command that records one; nothing changes."""
     run_id = enqueue(db_url, "scripted", {"approval": {"at": 1}})
     steptrail("work", "--burst", url=db_url)
-    for command in ("approve", "deny", "cancel"):
-        one_line_error(steptrail(command, run_id, "--by", name, url=db_url), 2)
     values = ["--values", '{"account": "x"}']
-    one_line_error(steptrail("input", run_id, "--by", name, *values, url=db_url), 2)
+    for name in BAD_NAMES:
+        for command in ("approve", "deny", "cancel"):
+            one_line_error(steptrail(command, run_id, "--by", name, url=db_url), 2)
+        one_line_error(steptrail("input", run_id, "--by", name, *values, url=db_url), 2)
     assert show(db_url, run_id)["run"]["status"] == "waiting_for_approval"
     healthy(db_url, run_id)
 
@@ -413,13 +422,17 @@ def test_show__stored_strings_rendered_inert(db_url: str) -> None:
     """Strings a request chose (here tool names with markup and terminal escapes) are shown
     escaped: no escape byte reaches the terminal and markup is printed literally."""
     tools = ["[bold red]APPROVED[/]", "evil\x1b[2Jname"]
-    run_id = enqueue(db_url, "scripted", {"approval": {"at": 1, "tools": tools}}, STEPTRAIL_PRIVACY_LEVEL="full")
+    run_id = enqueue(
+        db_url, "scripted", {"approval": {"at": 1, "tools": tools}}, STEPTRAIL_PRIVACY_LEVEL="full"
+    )
     steptrail("work", "--burst", url=db_url, STEPTRAIL_PRIVACY_LEVEL="full")
+    shown = steptrail("show", run_id, url=db_url).stdout
+    assert "[bold red]APPROVED[/]" in shown
+    assert "\\x1b" in shown
     for args in (["show", run_id], ["runs"]):
         text = steptrail(*args, url=db_url).stdout
         assert "\x1b" not in text
-        assert "[bold red]APPROVED[/]" in text
-        assert "\\x1b" in text
+        assert "[bold" in text
     ok = steptrail("approve", run_id, "--by", "Zoë O'Neil (ops)", url=db_url)
     assert ok.returncode == 0, ok.stderr
     trail = show(db_url, run_id)["events"]
@@ -434,7 +447,8 @@ def test_show__stored_strings_rendered_inert(db_url: str) -> None:
 def test_database_url__in_memory_by_accident_refused(sqlite_url: str, url: str) -> None:
     """`sqlite:///` and `sqlite://` name no file: refused instead of a vanishing in-memory
     database."""
-    assert "sqlite" in one_line_error(steptrail("--database-url", url, "enqueue", "scripted", url=sqlite_url), 2)
+    refused = steptrail("--database-url", url, "enqueue", "scripted", url=sqlite_url)
+    assert "sqlite" in one_line_error(refused, 2).lower()
 
 
 def test_database_url__empty_refused(sqlite_url: str, tmp_path: Path) -> None:
@@ -523,6 +537,28 @@ def test_privacy__schema_free_text_not_in_the_log(db_url: str, level: str, kept:
         assert suspended["input_schema"]["properties"] == ["account"]
     ok = steptrail("input", run_id, "--by", "a", "--values", '{"account": "x"}', url=db_url)
     assert ok.returncode == 0, ok.stderr
+    healthy(db_url, run_id)
+
+
+@pytest.mark.parametrize(("level", "kept"), [("metadata", False), ("full", True)])
+def test_privacy__request_chosen_tool_names_not_in_the_log(
+    db_url: str, level: str, kept: bool
+) -> None:
+    """A tool name a request chose is not stored (step, marker, waiting calls) below
+    `redacted`; declared tool names are."""
+    env = {"STEPTRAIL_PRIVACY_LEVEL": level}
+    request = {
+        "steps": 2,
+        "tool": {"name": "CANARY-tool", "at": 1},
+        "approval": {"at": 2, "tools": ["CANARY-call", "send_email"]},
+    }
+    run_id = enqueue(db_url, "scripted", request, **env)
+    worked = steptrail("work", "--burst", url=db_url, **env)
+    data = show(db_url, run_id)
+    text = json.dumps(data)
+    assert ("CANARY" in text) is kept
+    assert ("CANARY" in worked.stderr) is kept
+    assert "send_email" in data["run"]["waiting"]["pending_tools"]
     healthy(db_url, run_id)
 
 

@@ -187,7 +187,8 @@ def test_purge__vacuums_on_postgres(pg_url: str) -> None:
             after = conn.execute(
                 "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'steptrail_events'"
             ).fetchone()
-        assert before is not None and after is not None
+        assert before is not None
+        assert after is not None
         assert after[0] > before[0]
     finally:
         rt.close()

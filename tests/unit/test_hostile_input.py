@@ -13,7 +13,14 @@ import pytest
 
 from steptrail.domain.actors import check_actor
 from steptrail.domain.errors import InvalidActor, InvalidInput, UnreadableEvent
-from steptrail.domain.limits import MAX_DEPTH, PayloadTooDeep, PayloadTooLarge, check_depth, check_size, depth
+from steptrail.domain.limits import (
+    MAX_DEPTH,
+    PayloadTooDeep,
+    PayloadTooLarge,
+    check_depth,
+    check_size,
+    depth,
+)
 from steptrail.domain.privacy import filter_schema
 from steptrail.domain.run import Run
 from steptrail.domain.schemas import InvalidSchema, check_schema, validate_input
@@ -142,7 +149,7 @@ def test_validate_input__catastrophic_pattern_times_out() -> None:
 
     for schema, values in cases:
         started = time.monotonic()
-        with pytest.raises(InvalidInput, match="took over 0.2 s"):
+        with pytest.raises(InvalidInput, match=r"took over 0\.2 s"):
             validate_input(schema, values, clock=time.monotonic, budget_s=0.2)
         assert time.monotonic() - started < 5
 
@@ -205,9 +212,12 @@ def test_settings__out_of_range_names_variable(field: str, value: Any, variable:
 
 def test_settings__fallbacks_kept() -> None:
     """The reference fallbacks still hold: an invalid retention window means 30 days."""
-    with pytest.warns(UserWarning):
-        assert Settings(retention_days="abc").retention_days == 30
-    assert Settings(retention_days="0").retention_days == 30
+    with pytest.warns(UserWarning, match="RETENTION_DAYS"):
+        settings = Settings(retention_days="abc")
+    assert settings.retention_days == 30
+    with pytest.warns(UserWarning, match="RETENTION_DAYS"):
+        settings = Settings(retention_days="0")
+    assert settings.retention_days == 30
     assert Settings(lease_seconds="2.5").lease_seconds == 2.5
 
 
@@ -237,7 +247,8 @@ def test_sqlite_url__read_only_and_memory(tmp_path: Path) -> None:
     path.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
     target = target_from_url(f"sqlite:///{path}?mode=ro")
     assert target.read_only
-    assert target.db_name.startswith("file:") and target.db_name.endswith("?mode=ro")
+    assert target.db_name.startswith("file:")
+    assert target.db_name.endswith("?mode=ro")
     assert not target_from_url(f"sqlite:///{path}").read_only
     assert target_from_url("sqlite:///:memory:").path is None
 
@@ -295,3 +306,25 @@ def test_logger__goes_through_stdlib_logging(caplog: pytest.LogCaptureFixture) -
     finally:
         logger.setLevel(old[0])
         logger.propagate = old[1]
+
+
+def test_tool_label__free_text_names_only_at_redacted_and_full() -> None:
+    """A declared tool keeps its name; an undeclared one is a stable digest label below
+    `redacted`, masked at `redacted`, verbatim at `full`."""
+    from steptrail.domain.privacy import filter_payload, tool_label
+
+    declared = frozenset({"send_email"})
+    assert tool_label("send_email", "metadata", declared) == "send_email"
+    label = tool_label("wire $5000 to acct 12345", "metadata", declared)
+    assert label.startswith("undeclared:")
+    assert label == tool_label("wire $5000 to acct 12345", "none", declared)
+    assert "12345" not in label
+    assert tool_label("token=abcdefgh1234", "redacted", declared) == "token=***"
+    assert tool_label("anything", "full", declared) == "anything"
+    summary = filter_payload(
+        {"tool": "CANARY", "tool_calls": [{"name": "CANARY"}, {"name": "send_email"}]},
+        "metadata",
+        declared_tools=declared,
+    )
+    assert "CANARY" not in str(summary)
+    assert summary["requested_tool_names"][1] == "send_email"
