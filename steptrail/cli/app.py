@@ -114,10 +114,10 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
 def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
     """The settings the environment, the global options and `overrides` describe."""
     options: Options = ctx.obj
+    if options.database_url is not None:
+        overrides = {**overrides, "database_url": options.database_url}
     try:
         settings = Settings(**overrides)
-        if options.database_url is not None:
-            settings = Settings(**{**overrides, "database_url": options.database_url})
     except ValueError as error:
         message = str(error).splitlines()[0]
         if options.database_url is not None and "DATABASE_URL" in message:
@@ -145,10 +145,10 @@ def unmigrated_runtime(ctx: typer.Context) -> Iterator[Runtime]:
     rt = _open(ctx, ensure_schema=False)
     try:
         yield rt
-    except StoreUnavailable as error:
-        fail(f"the database is not available: {error}", 3)
     except ReadOnlyStore as error:
         fail(str(error), 1)
+    except StoreUnavailable as error:
+        fail(f"the database is not available: {error}", 3)
     finally:
         rt.close()
 
