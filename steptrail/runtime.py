@@ -7,6 +7,7 @@ cancel, get, history.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -35,6 +36,7 @@ from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
 from steptrail.workers.registry import App
 from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
+from steptrail.workers.store_threads import StoreThreads
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
@@ -60,12 +62,14 @@ class Runtime:
         self.store = store
         self.log = log or structlog.get_logger("steptrail")
         self._keeper: LeaseKeeper | None = None
+        self.threads = StoreThreads()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._keeper is not None:
             self._keeper.close()
+        self.threads.close()
         self.store.close()
 
     def __enter__(self) -> Runtime:
@@ -146,8 +150,12 @@ class Runtime:
         concurrency: int = 1,
         burst: bool = False,
         on_result: Callable[[SegmentResult], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Worker:
-        """A worker over this runtime's store and agents (call `.run()`, `.stop()`)."""
+        """A worker over this runtime's store and agents (call `.run()`, `.stop()`).
+
+        Runs of async agents share one event loop: `loop` if given (it must be running in
+        another thread), else one the worker starts for them."""
         return Worker(
             self.store,
             self.app,
@@ -157,6 +165,7 @@ class Runtime:
             poll_interval=self.settings.poll_interval,
             log=self.log,
             on_result=on_result,
+            loop=loop,
         )
 
     def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
@@ -387,7 +396,12 @@ class Runtime:
         if self._keeper is None:
             self._keeper = LeaseKeeper(self.settings.lease_seconds)
         return Executor(
-            self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
+            self.store,
+            self.app,
+            self.execution_config(),
+            keeper=self._keeper,
+            log=self.log,
+            threads=self.threads,
         )
 
 

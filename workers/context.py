@@ -12,6 +12,7 @@ hand a completed step's recorded result back instead of running it again (durabl
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +82,18 @@ class CallResult:
     call: PendingCall
     value: Any = None
     error: str | None = None
+
+
+class AwaitableInSyncStep(TypeError):
+    """A synchronous agent's step returned an awaitable, which it cannot await: the step
+    fails (and the run with it, as not retryable) rather than settle something that never
+    ran. Write the agent as `async def`; its context awaits steps."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(
+            f"the {kind} step {name!r} returned an awaitable in a synchronous agent; "
+            "declare the agent `async def` to await it"
+        )
 
 
 class RunFailed(Exception):
@@ -215,19 +228,24 @@ class RunContext:
         Denied: no call runs; each gets the error result "denied by the operator", recorded
         as a step, and the agent goes on.
         """
-        resumed = self.resumed
-        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
-            raise RuntimeError("run_pending is for a segment resumed after an approval")
         results = []
-        for call in resumed.calls:
-            if not resumed.approved:
-                self.step("tool", call.name, lambda: {"error": DENIED}, payload={"tool": call.name})
+        for call, run in self.pending_calls(tools):
+            if run is None:
+                self.step("tool", call.name, denied_result, payload={"tool": call.name})
                 results.append(CallResult(call=call, error=DENIED))
                 continue
-            run = _bind(tools, call)
             value = self.tool(call.name, run, arguments=call.arguments)
             results.append(CallResult(call=call, value=value))
         return results
+
+    def pending_calls(
+        self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
+    ) -> list[tuple[PendingCall, Callable[[], Any] | None]]:
+        """The calls this segment resumed with, each with what runs it (None: denied)."""
+        resumed = self.resumed
+        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
+            raise RuntimeError("run_pending is for a segment resumed after an approval")
+        return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
 
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
         body = canonical_json(jsonable(state.model_dump(mode="json")))
@@ -267,21 +285,54 @@ class RunContext:
         appended, fenced, so `fn` only runs while the run is provably this segment's. The
         step's own record is appended at the next boundary (the next step, a write tool, or
         the settle). If `fn` raises, the step is recorded with the exception's class (never
-        its message) and the exception goes on.
+        its message) and the exception goes on. `fn` must not return an awaitable: in a
+        synchronous agent it could not be awaited, so the step fails with `AwaitableInSyncStep`
+        (use an `async def` agent, whose context awaits it).
 
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        self._segment.boundary()
-        started = time.perf_counter()
+        started = self.begin_step(kind, name)
         try:
             outcome = fn()
+            if inspect.isawaitable(outcome):
+                discard_awaitable(outcome)
+                raise AwaitableInSyncStep(kind, name)
         except Exception as error:
+            self.end_step(kind, name, started, payload=payload, error=error)
+            raise
+        return self.end_step(kind, name, started, payload=payload, outcome=outcome)
+
+    # The two halves of a step, shared by this context and the async one (workers/
+    # async_context.py), which runs them on a store thread and awaits `fn` between them: one
+    # implementation of boundaries, fencing and records for both (ADR 0022).
+
+    def begin_step(self, kind: str, name: str) -> float:
+        """The step boundary before a step's callable runs; returns its start time.
+
+        Raises:
+            LeaseLost: the run was lost or cancelled.
+        """
+        self._segment.boundary()
+        return time.perf_counter()
+
+    def end_step(
+        self,
+        kind: str,
+        name: str,
+        started: float,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        outcome: Any = None,
+        error: BaseException | None = None,
+    ) -> Any:
+        """Record the step that began at `started` (appended at the next boundary) and
+        return the value the agent gets: `outcome` unwrapped from `Recorded`."""
+        if error is not None:
             self._record(
                 kind=kind, name=name, started=started, payload=payload, extra=None, error=error
             )
-            raise
-        value: T
+            return None
         value, extra = _unwrap(outcome)
         self._record(
             kind=kind,
@@ -318,6 +369,12 @@ class RunContext:
         The marker is cleared by the step that records the tool's result; if the tool raises,
         the marker stays, because the write may have happened.
         """
+        payload = self.prepare_tool(name, arguments)
+        return self.step("tool", name, fn, payload=payload)
+
+    def prepare_tool(self, name: str, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What comes before a tool's step: for a write tool, its pending-effect marker,
+        appended and confirmed. Returns the step's payload (tool, effect, arguments)."""
         effect = self._effect_of(name)
         payload: dict[str, Any] = {"tool": name, "effect": effect.value}
         if arguments is not None:
@@ -327,7 +384,7 @@ class RunContext:
                 lambda run: run.mark_effect_pending(tool=name, effect=effect)
             )
             self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
-        return self.step("tool", name, fn, payload=payload)
+        return payload
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -387,6 +444,18 @@ def _bind(
         fn = tools[call.name]
         return lambda: fn(**call.arguments)
     return lambda: tools(call)
+
+
+def denied_result() -> dict[str, str]:
+    """The result a denied pending call is recorded with."""
+    return {"error": DENIED}
+
+
+def discard_awaitable(awaitable: object) -> None:
+    """Close a coroutine nobody will await, so it neither runs nor warns."""
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
 
 
 def _unwrap(outcome: Any) -> tuple[Any, Recorded[Any] | None]:

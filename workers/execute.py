@@ -6,10 +6,13 @@ wins: a settle that conflicts changes nothing and reports how the run was lost i
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import random
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import structlog
@@ -20,10 +23,20 @@ from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
-from steptrail.workers.context import RunContext, RunFailed, Suspend, jsonable
+from steptrail.workers.async_context import AsyncRunContext
+from steptrail.workers.context import (
+    RunContext,
+    RunFailed,
+    Suspend,
+    discard_awaitable,
+    jsonable,
+)
 from steptrail.workers.lease import LeaseKeeper
-from steptrail.workers.registry import App
+from steptrail.workers.registry import AgentSpec, App
 from steptrail.workers.segment import LeaseLost, Segment
+from steptrail.workers.store_threads import StoreThreads
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,8 +58,25 @@ class ExecutionConfig:
     privacy: PrivacyLevel
 
 
+class AwaitableAgent(TypeError):
+    """A synchronous agent function returned an awaitable (say, a plain function wrapping an
+    `async def` one). It is never settled as if it had run: the run fails, not retryable.
+    Register the `async def` function itself, so the worker awaits it."""
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(
+            f"agent {agent!r} returned an awaitable from a synchronous function; register "
+            "an `async def` agent so that steptrail awaits it"
+        )
+
+
 class Executor:
-    """Runs claimed (or started, or resumed) segments to their outcome."""
+    """Runs claimed (or started, or resumed) segments to their outcome.
+
+    Synchronous agents run in the calling thread (`execute`); async agents run as a
+    coroutine (`execute_async`) whose store calls go to `threads`. Both settle through
+    `conclude`, so there is one implementation of how a segment ends (ADR 0022).
+    """
 
     def __init__(
         self,
@@ -57,6 +87,7 @@ class Executor:
         keeper: LeaseKeeper,
         log: structlog.typing.FilteringBoundLogger,
         rng: random.Random | None = None,
+        threads: StoreThreads | None = None,
     ) -> None:
         self.store = store
         self.app = app
@@ -65,6 +96,7 @@ class Executor:
         self.log = log
         self.rng = rng or random.Random()
         self.classifier: Classifier = app.classifier
+        self.threads = threads or StoreThreads()
 
     def execute(
         self,
@@ -73,8 +105,60 @@ class Executor:
         *,
         resumable: dict[str, Any] | None = None,
     ) -> SegmentResult:
-        """Run the agent of `run` (held by this process) and settle it."""
+        """Run the agent of `run` (held by this process) and settle it.
+
+        An async agent runs to its end on a private event loop in this thread; from a thread
+        that already runs a loop, await `execute_async` instead.
+        """
         spec = self.app.get(run.state.agent)
+        if spec.is_async:
+            return run_to_end(self.execute_async(run, request, resumable=resumable))
+        segment, ctx = self._open(spec, run, request, resumable)
+        try:
+            try:
+                result = spec.fn(ctx, ctx.request)
+                if inspect.isawaitable(result):
+                    discard_awaitable(result)
+                    raise AwaitableAgent(spec.name)
+            except (LeaseLost, Suspend, Exception) as error:
+                return self.conclude(segment, ctx.privacy, error=error)
+            return self.conclude(segment, ctx.privacy, result=result)
+        finally:
+            self.keeper.untrack(segment)
+
+    async def execute_async(
+        self,
+        run: Run,
+        request: dict[str, Any],
+        *,
+        resumable: dict[str, Any] | None = None,
+    ) -> SegmentResult:
+        """Run the agent of `run` as a coroutine on the running loop and settle it. Every
+        store call (appends, the settle) runs on `self.threads`; the loop never blocks on
+        the store. A synchronous agent runs on a store thread, as it would on a worker's."""
+        spec = self.app.get(run.state.agent)
+        if not spec.is_async:
+            return await self.threads.call(self.execute, run, request, resumable=resumable)
+        segment, core = self._open(spec, run, request, resumable)
+        ctx = AsyncRunContext(core, self.threads)
+        try:
+            try:
+                result = spec.fn(ctx, ctx.request)  # type: ignore[arg-type]
+                if inspect.isawaitable(result):
+                    result = await result
+            except (LeaseLost, Suspend, Exception) as error:
+                return await self.threads.call(self.conclude, segment, core.privacy, error=error)
+            return await self.threads.call(self.conclude, segment, core.privacy, result=result)
+        finally:
+            self.keeper.untrack(segment)
+
+    def _open(
+        self,
+        spec: AgentSpec,
+        run: Run,
+        request: dict[str, Any],
+        resumable: dict[str, Any] | None,
+    ) -> tuple[Segment, RunContext]:
         privacy = spec.privacy or self.config.privacy
         segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
         ctx = RunContext(
@@ -85,28 +169,31 @@ class Executor:
             resumable=resumable,
         )
         self.keeper.track(segment)
-        try:
-            return self._run(segment, ctx, spec.fn, privacy)
-        finally:
-            self.keeper.untrack(segment)
+        return segment, ctx
 
-    def _run(
-        self, segment: Segment, ctx: RunContext, fn: Any, privacy: PrivacyLevel
+    def conclude(
+        self,
+        segment: Segment,
+        privacy: PrivacyLevel,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
     ) -> SegmentResult:
+        """Settle the segment after its agent returned `result` or raised `error`."""
         run = segment.run
-        try:
-            result = fn(ctx, ctx.request)
-        except LeaseLost as lost:
-            return self._result(segment, lost.outcome)
-        except Suspend as suspended:
-            return self._result(segment, suspended.outcome)
-        except RunFailed as failed:
-            reason, error_type = failed.reason, type(failed).__name__
+        if isinstance(error, LeaseLost):
+            return self._result(segment, error.outcome)
+        if isinstance(error, Suspend):
+            return self._result(segment, error.outcome)
+        if isinstance(error, RunFailed):
+            reason, error_type = error.reason, type(error).__name__
             return self._settle(
                 segment, lambda r: r.fail(reason=reason, error_type=error_type), Outcome.FAILED
             )
-        except Exception as error:  # noqa: BLE001 - any agent error goes to the retry ladder
+        if isinstance(error, Exception):
             return self._on_failure(segment, error)
+        if error is not None:
+            raise error
         if segment.lost is not None:
             return self._result(segment, segment.lost.outcome)
         body = filter_payload(jsonable({"result": result}), privacy)
@@ -204,3 +291,27 @@ def decode_request(body: bytes) -> dict[str, Any]:
         return {}
     value = json.loads(body)
     return value if isinstance(value, dict) else {"input": value}
+
+
+class LoopAlreadyRunning(RuntimeError):
+    """An async agent was to be run to its end from a thread whose event loop is running."""
+
+
+def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` on a fresh event loop in this thread (the synchronous API's way to
+    run an async agent: `Runtime.start`, a resume `here`).
+
+    Raises:
+        LoopAlreadyRunning: this thread already runs a loop (nothing ran); use
+            `steptrail.open_async` and await instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise LoopAlreadyRunning(
+        "an async agent cannot be run to its end from inside a running event loop; "
+        "use `async with steptrail.open_async(app)` and await it"
+    )
+
