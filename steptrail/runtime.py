@@ -133,6 +133,14 @@ class Runtime:
         """Run `agent` now, in this process, as an interactive run under an
         `interactive:` lease. It heartbeats like a worker; it is never retried, and if this
         process dies the reaper dead-letters it (it has no saved request to run again)."""
+        run, body = self.begin_interactive(agent, request)
+        return self._executor().execute(run, body)
+
+    def begin_interactive(
+        self, agent: str, request: Mapping[str, Any] | None
+    ) -> tuple[Run, dict[str, Any]]:
+        """Record an interactive run's start, held by this process; returns it and its
+        request, ready to execute (`start` does; the async runtime awaits it)."""
         body = self._request_body(agent, request)
         run = Run.start(
             run_id=uuid4(),
@@ -142,7 +150,8 @@ class Runtime:
             lease_ms=self.settings.lease_ms,
         )
         self.store.create(run, request=None)
-        return self._executor().execute(run, json.loads(body))
+        value: dict[str, Any] = json.loads(body)
+        return run, value
 
     def worker(
         self,
@@ -391,6 +400,10 @@ class Runtime:
             return canonical_json(dict(value))
         except (TypeError, ValueError) as error:
             raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
+
+    def executor(self) -> Executor:
+        """The executor of segments this process runs itself (start, resume `here`)."""
+        return self._executor()
 
     def _executor(self) -> Executor:
         if self._keeper is None:

@@ -115,9 +115,7 @@ class AsyncRunContext:
         value: T = await call(core.end_step, kind, name, started, payload=payload, outcome=outcome)
         return value
 
-    async def llm(
-        self, name: str, fn: StepFn[T], *, payload: Mapping[str, Any] | None = None
-    ) -> T:
+    async def llm(self, name: str, fn: StepFn[T], *, payload: Mapping[str, Any] | None = None) -> T:
         """`step("llm", …)`: a model call; its return value is recorded as `content`."""
         return await self.step("llm", name, fn, payload=payload)
 
@@ -169,4 +167,3 @@ class AsyncRunContext:
             value = await self.tool(call.name, run, arguments=call.arguments)
             results.append(CallResult(call=call, value=value))
         return results
-

@@ -294,14 +294,12 @@ class RunContext:
         """
         started = self.begin_step(kind, name)
         try:
-            outcome = fn()
-            if inspect.isawaitable(outcome):
-                discard_awaitable(outcome)
-                raise AwaitableInSyncStep(kind, name)
+            outcome = _not_awaitable(fn(), kind, name)
         except Exception as error:
             self.end_step(kind, name, started, payload=payload, error=error)
             raise
-        return self.end_step(kind, name, started, payload=payload, outcome=outcome)
+        value: T = self.end_step(kind, name, started, payload=payload, outcome=outcome)
+        return value
 
     # The two halves of a step, shared by this context and the async one (workers/
     # async_context.py), which runs them on a store thread and awaits `fn` between them: one
@@ -449,6 +447,13 @@ def _bind(
 def denied_result() -> dict[str, str]:
     """The result a denied pending call is recorded with."""
     return {"error": DENIED}
+
+
+def _not_awaitable(outcome: T, kind: str, name: str) -> T:
+    if inspect.isawaitable(outcome):
+        discard_awaitable(outcome)
+        raise AwaitableInSyncStep(kind, name)
+    return outcome
 
 
 def discard_awaitable(awaitable: object) -> None:

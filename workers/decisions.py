@@ -65,6 +65,15 @@ class PendingDecision:
     prompt: str | None
 
 
+@dataclass(frozen=True)
+class ResumeHere:
+    """A run this process holds under a fresh `resume:` lease, ready to be executed."""
+
+    run: Run
+    request: dict[str, Any]
+    resumable: dict[str, Any]
+
+
 class Decisions:
     """Approve, deny and submit input for waiting runs (see the module docstring)."""
 
@@ -112,6 +121,36 @@ class Decisions:
             UnknownRun; IllegalTransition (not waiting for that); AlreadyResuming;
             DigestMismatch; InvalidInput; CorruptResumableState.
         """
+        handed = self.record(
+            run_id,
+            by=by,
+            kind=kind,
+            approved=approved,
+            digest=digest,
+            values=values,
+            resume=resume,
+        )
+        if isinstance(handed, SegmentResult):
+            return handed
+        return self.executor().execute(handed.run, handed.request, resumable=handed.resumable)
+
+    def record(
+        self,
+        run_id: UUID,
+        *,
+        by: str,
+        kind: WaitKind,
+        approved: bool,
+        digest: str | None = None,
+        values: Mapping[str, Any] | None = None,
+        resume: ResumeMode = "auto",
+    ) -> SegmentResult | ResumeHere:
+        """Record a decision and hand the run on: to the queue (a `requeued`-style result
+        whose status is `queued`) or to this process (`ResumeHere`: the caller executes the
+        resumed segment, in a thread or, for an async agent, on its loop).
+
+        Raises: as `decide`.
+        """
         if not by.strip():
             raise IllegalTransition("a decision needs the name of who decided (--by)")
         run = self._load(run_id)
@@ -154,7 +193,7 @@ class Decisions:
         if mode == "queue":
             return SegmentResult(run.id, Outcome.REQUEUED, run.status, run.version)
         request = decode_request(self.store.saved(run_id, "request") or b"")
-        return self.executor().execute(run, request, resumable=saved.model_dump(mode="json"))
+        return ResumeHere(run, request, saved.model_dump(mode="json"))
 
     # -- internals -----------------------------------------------------------------------------
 

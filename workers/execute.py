@@ -116,11 +116,9 @@ class Executor:
         segment, ctx = self._open(spec, run, request, resumable)
         try:
             try:
-                result = spec.fn(ctx, ctx.request)
-                if inspect.isawaitable(result):
-                    discard_awaitable(result)
-                    raise AwaitableAgent(spec.name)
-            except (LeaseLost, Suspend, Exception) as error:
+                result = _not_awaitable(spec.fn(ctx, ctx.request), spec.name)  # type: ignore[arg-type]
+            # Any agent error goes to the retry ladder; LeaseLost and Suspend end the segment.
+            except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001
                 return self.conclude(segment, ctx.privacy, error=error)
             return self.conclude(segment, ctx.privacy, result=result)
         finally:
@@ -146,7 +144,7 @@ class Executor:
                 result = spec.fn(ctx, ctx.request)  # type: ignore[arg-type]
                 if inspect.isawaitable(result):
                     result = await result
-            except (LeaseLost, Suspend, Exception) as error:
+            except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001 - as in `execute`
                 return await self.threads.call(self.conclude, segment, core.privacy, error=error)
             return await self.threads.call(self.conclude, segment, core.privacy, result=result)
         finally:
@@ -293,6 +291,13 @@ def decode_request(body: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"input": value}
 
 
+def _not_awaitable(result: Any, agent: str) -> Any:
+    if inspect.isawaitable(result):
+        discard_awaitable(result)
+        raise AwaitableAgent(agent)
+    return result
+
+
 class LoopAlreadyRunning(RuntimeError):
     """An async agent was to be run to its end from a thread whose event loop is running."""
 
@@ -314,4 +319,3 @@ def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
         "an async agent cannot be run to its end from inside a running event loop; "
         "use `async with steptrail.open_async(app)` and await it"
     )
-

@@ -169,7 +169,8 @@ class Worker:
             request = _request_of(claimed)
             resumable = resumable_of(self.store, claimed.run)
             self._finished(log, executor.execute(claimed.run, request, resumable=resumable))
-        except Exception:  # a bug in steptrail or a callback; the run's lease will expire
+        # A bug in steptrail or a callback (logged by `_crashed`); the run's lease will expire.
+        except Exception:  # noqa: BLE001
             self._crashed(log)
         finally:
             self._free_slot()
@@ -181,7 +182,7 @@ class Worker:
             resumable = await self._threads.call(resumable_of, self.store, claimed.run)
             result = await executor.execute_async(claimed.run, request, resumable=resumable)
             self._finished(log, result)
-        except Exception:  # as in `_execute`
+        except Exception:  # noqa: BLE001 - as in `_execute`
             self._crashed(log)
         finally:
             self._free_slot()
