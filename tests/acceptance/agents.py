@@ -6,11 +6,12 @@ from outside whether a zombie worker ever acted.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
-from steptrail import App, RunContext
+from steptrail import App, AsyncRunContext, RunContext
 
 app = App()
 app.tool("send_email", effect="non_idempotent_write")
@@ -30,4 +31,31 @@ def witnessed(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
 
     ctx.tool("send_email", send)
     ctx.llm("wrap-up", lambda: "done")
+    return {}
+
+
+@app.agent("witnessed_async")
+async def witnessed_async(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """`witnessed` as an async agent: `steps` awaited steps, each appending a line
+    `<run id> <step>` to `counter` (a file) when it really runs, then a real write to
+    `witness`, then one more step."""
+    sleep = float(request.get("sleep", 0.3))
+    counter = Path(request["counter"])
+
+    async def think(k: int) -> str:
+        await asyncio.sleep(sleep)
+        with counter.open("a") as f:
+            f.write(f"{ctx.run_id} think-{k}\n")
+        return "ok"
+
+    for k in range(int(request.get("steps", 3))):
+        await ctx.llm(f"think-{k + 1}", lambda k=k: think(k + 1))
+
+    async def send() -> str:
+        with Path(request["witness"]).open("a") as f:
+            f.write(f"{ctx.run_id} {ctx.fencing_token}\n")
+        return "sent"
+
+    await ctx.tool("send_email", send)
+    await ctx.llm("wrap-up", lambda: "done")
     return {}
