@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, Never, TypeVar
 from uuid import UUID
 
@@ -35,6 +36,14 @@ from steptrail.workers.store_threads import StoreThreads
 T = TypeVar("T")
 
 StepFn = Callable[[], Awaitable[T | Recorded[T]] | T | Recorded[T]]
+
+_CURRENT: ContextVar[AsyncRunContext | None] = ContextVar("steptrail_run_context", default=None)
+
+
+def current_run_context() -> AsyncRunContext | None:
+    """The context of the async agent this task (or a task it started) is running, if any:
+    how an integration finds the run to record its steps in."""
+    return _CURRENT.get()
 
 
 class AsyncRunContext:
@@ -82,6 +91,11 @@ class AsyncRunContext:
     @property
     def resumed(self) -> Resumption | None:
         return self._core.resumed
+
+    def activate(self) -> Callable[[], None]:
+        """Make this the current run context of the calling task; returns the undo."""
+        token = _CURRENT.set(self)
+        return lambda: _CURRENT.reset(token)
 
     @property
     def core(self) -> RunContext:

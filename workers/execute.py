@@ -139,6 +139,7 @@ class Executor:
             return await self.threads.call(self.execute, run, request, resumable=resumable)
         segment, core = self._open(spec, run, request, resumable)
         ctx = AsyncRunContext(core, self.threads)
+        deactivate = ctx.activate()
         try:
             try:
                 result = spec.fn(ctx, ctx.request)  # type: ignore[arg-type]
@@ -148,6 +149,7 @@ class Executor:
                 return await self.threads.call(self.conclude, segment, core.privacy, error=error)
             return await self.threads.call(self.conclude, segment, core.privacy, result=result)
         finally:
+            deactivate()
             self.keeper.untrack(segment)
 
     def _open(
