@@ -26,6 +26,7 @@ from eventsourcing.persistence import PersistenceError
 from eventsourcing.sqlite import SQLiteDatastore
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
@@ -35,6 +36,8 @@ from steptrail.infrastructure.store_base import (
     RESUMABLE,
     ClaimsOne,
     encoded_events,
+    journal_from_rows,
+    journal_rows,
     run_from_row,
     side_effects,
     state_params,
@@ -268,12 +271,17 @@ class SQLiteRunStore(ClaimsOne):
         events = self._event_params(run, 0)
         params = self._params(run, 0)
         drop, _ = side_effects(run.state)
+        journal = journal_rows(run)
+        for row in journal:
+            row["run_id"] = run.id.hex
         with self._write() as (cur, at):
             for event in events:
                 event["at"] = at
             params["at"] = at
             cur.executemany(self.q["insert_events"], events)
             cur.execute(self.q["update_run"], params)
+            if journal:
+                cur.executemany(self.q["insert_journal"], journal)
             if resumable is not None:
                 cur.execute(
                     self.q["put_saved"],
@@ -281,6 +289,7 @@ class SQLiteRunStore(ClaimsOne):
                 )
             if drop:
                 cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
+                cur.execute(self.q["drop_journal"], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
 
@@ -344,6 +353,11 @@ class SQLiteRunStore(ClaimsOne):
 
     def request(self, run_id: UUID) -> bytes | None:
         return self.saved(run_id, REQUEST)
+
+    def journal(self, run_id: UUID) -> list[JournalEntry]:
+        with self._read() as cur:
+            cur.execute(self.q["select_journal"], {"run_id": run_id.hex})
+            return journal_from_rows(cur.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
         with self._read() as cur:

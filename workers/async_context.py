@@ -1,22 +1,24 @@
-"""What an `async def` agent sees of its run: `AsyncRunContext`, the awaitable twin-in-
-shape of `RunContext` that shares all of its logic.
+"""What an `async def` agent sees of its run: `AsyncRunContext`, shaped like `RunContext`
+and sharing all of its logic.
 
 It holds a `RunContext` (the core) and adds only *how to wait*: every part of a step that
-touches the segment — the boundary append before it, the pending-effect marker of a write
-tool, the record after it, a suspension — runs as a method of the core on a store thread
-(`StoreThreads`), while the step's own callable is awaited on the event loop. Fencing, the
-boundary rule, ambiguity and self-fencing, markers, records and privacy are therefore the
-sync code path itself, not a copy (ADR 0022). A step callable may be a coroutine function or
-a plain one; whatever awaitable it returns is awaited, so nothing is recorded without
-having run.
+touches the segment or the journal — replay lookup, the boundary append before it, the
+pending-effect marker of a write tool, the record and journal entry after it, a decision
+taken or a suspension — runs as a method of the core on a store thread (`StoreThreads`),
+while the step's own callable is awaited on the event loop. Replay, fencing, the boundary
+rule, ambiguity and self-fencing, markers, records, privacy and deadlines are therefore the
+sync code path itself, not a copy (ADR 0022); a deadline cancels the awaiting task instead
+of abandoning a thread. A step callable may be a coroutine function or a plain one;
+whatever awaitable it returns is awaited, so nothing is recorded without having run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Never, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -26,9 +28,12 @@ from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.run import Decision
 from steptrail.workers.context import (
     CallResult,
+    LiveStep,
     Recorded,
+    Replayed,
     Resumption,
     RunContext,
+    StepTimedOut,
     denied_result,
 )
 from steptrail.workers.store_threads import StoreThreads
@@ -81,6 +86,16 @@ class AsyncRunContext:
         return self._core.next_seq
 
     @property
+    def idempotency_key(self) -> str:
+        """`<run id>:<position>` of the step call now running (see `RunContext`)."""
+        return self._core.idempotency_key
+
+    @property
+    def replayed(self) -> int:
+        """How many step calls of this segment were answered from the journal so far."""
+        return self._core.replayed
+
+    @property
     def decision(self) -> Decision | None:
         return self._core.decision
 
@@ -111,48 +126,94 @@ class AsyncRunContext:
         fn: StepFn[T],
         *,
         payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
     ) -> T:
-        """Run `fn` as the next step and record it; `RunContext.step` with `fn` awaited.
+        """Run `fn` as the next step and record it: `RunContext.step` with `fn` awaited.
+
+        A journaled step is replayed without calling `fn`. With a `timeout` (or a default
+        from the App), the awaitable `fn` returned is cancelled at the deadline and the step
+        fails with `StepTimedOut` (retryable), as a sync step does.
 
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        core, call = self._core, self._threads.call
-        started = await call(core.begin_step, kind, name)
-        try:
-            outcome = fn()
-            if inspect.isawaitable(outcome):
-                outcome = await outcome
-        except Exception as error:
-            await call(core.end_step, kind, name, started, payload=payload, error=error)
-            raise
-        value: T = await call(core.end_step, kind, name, started, payload=payload, outcome=outcome)
-        return value
+        opened = await self._threads.call(
+            self._core.open_step, kind, name, payload=payload, args=args, timeout=timeout
+        )
+        return await self._run(opened, fn)
 
-    async def llm(self, name: str, fn: StepFn[T], *, payload: Mapping[str, Any] | None = None) -> T:
+    async def llm(
+        self,
+        name: str,
+        fn: StepFn[T],
+        *,
+        payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
+    ) -> T:
         """`step("llm", …)`: a model call; its return value is recorded as `content`."""
-        return await self.step("llm", name, fn, payload=payload)
+        return await self.step("llm", name, fn, payload=payload, args=args, timeout=timeout)
 
     async def tool(
-        self, name: str, fn: StepFn[T], *, arguments: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        fn: StepFn[T],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> T:
         """Run tool `name` as the next step, honouring its declared effect: a write tool's
-        pending-effect marker is appended and confirmed before `fn` is even called."""
-        payload = await self._threads.call(self._core.prepare_tool, name, arguments)
-        return await self.step("tool", name, fn, payload=payload)
+        pending-effect marker is appended and confirmed before `fn` is even called, and
+        its result is appended as soon as it returns (see `RunContext.tool`)."""
+        opened = await self._threads.call(
+            self._core.open_tool, name, arguments=arguments, timeout=timeout
+        )
+        return await self._run(opened, fn)
 
     async def heartbeat(self) -> None:
         """Prove the run is still ours now (see `RunContext.heartbeat`)."""
         await self._threads.call(self._core.heartbeat)
 
+    async def _run(self, opened: LiveStep | Replayed, fn: StepFn[T]) -> T:
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        close = self._core.close_step
+        try:
+            outcome = fn()
+            if inspect.isawaitable(outcome):
+                outcome = await self._awaited(opened, outcome)
+        except Exception as error:
+            await self._threads.call(close, opened, error=error)
+            raise
+        value: T = await self._threads.call(close, opened, outcome=outcome)
+        return value
+
+    async def _awaited(self, step: LiveStep, awaitable: Awaitable[Any]) -> Any:
+        """`awaitable`'s outcome; past the step's deadline it is cancelled (ADR 0015)."""
+        if step.limit is None:
+            return await awaitable
+        deadline = asyncio.timeout(step.limit)
+        try:
+            with self._core.renewing_until(step.limit):
+                async with deadline:
+                    return await awaitable
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the step's own TimeoutError, not its deadline
+            self.log.warning("step_timed_out", step=step.call.name, timeout_s=step.limit)
+            raise StepTimedOut(step.call.name, step.limit) from None
+
     # -- waiting for a person ------------------------------------------------------------------
 
     async def request_approval(
         self, calls: Sequence[PendingCall | Mapping[str, Any]], *, conversation: Any = None
-    ) -> Never:
-        """Suspend until a person approves or denies `calls` (see `RunContext`)."""
-        await self._threads.call(self._core.request_approval, calls, conversation=conversation)
-        raise AssertionError("request_approval returned without suspending")  # pragma: no cover
+    ) -> Resumption:
+        """Wait until a person approves or denies `calls`; returns the decision once the
+        run resumes (the first time, the run suspends here; see `RunContext`)."""
+        return await self._threads.call(
+            self._core.request_approval, calls, conversation=conversation
+        )
 
     async def request_input(
         self,
@@ -160,12 +221,12 @@ class AsyncRunContext:
         *,
         prompt: str | None = None,
         conversation: Any = None,
-    ) -> Never:
-        """Suspend until a person submits values matching `schema` (see `RunContext`)."""
-        await self._threads.call(
+    ) -> dict[str, Any]:
+        """Wait until a person submits values matching `schema`; returns them once the run
+        resumes (see `RunContext.request_input`)."""
+        return await self._threads.call(
             self._core.request_input, schema, prompt=prompt, conversation=conversation
         )
-        raise AssertionError("request_input returned without suspending")  # pragma: no cover
 
     async def run_pending(
         self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]

@@ -6,15 +6,21 @@ cannot be appended because the run was lost or cancelled, `LeaseLost` propagates
 agent stops with nothing more recorded. Before a write tool runs, a pending-effect marker is
 appended under the same fence; a write tool never runs without it.
 
-Steps carry their sequence number, and their records are shaped so that a later version can
-hand a completed step's recorded result back instead of running it again (durable replay).
+Durable replay (ADR 0013): each step's verbatim outcome is journaled with its record, and a
+later segment of the run hands recorded outcomes back by position instead of running the
+steps again (`JournalCursor` holds the rule). A write tool's result is appended the moment
+it returns, so a finished write is as durable as its marker (ADR 0014). A step with a
+deadline runs on a helper thread the agent stops waiting for at the deadline (ADR 0015).
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Never, TypeVar
 from uuid import UUID
@@ -22,6 +28,7 @@ from uuid import UUID
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from steptrail.domain.classifier import ClassifiedError, classify
 from steptrail.domain.decisions import (
     DENIED,
     PendingCall,
@@ -30,9 +37,24 @@ from steptrail.domain.decisions import (
     state_digest,
 )
 from steptrail.domain.digest import canonical_json
-from steptrail.domain.enums import Effect, Outcome, PrivacyLevel, TerminationReason, WaitKind
+from steptrail.domain.enums import (
+    Effect,
+    FailureClass,
+    Outcome,
+    PrivacyLevel,
+    TerminationReason,
+    WaitKind,
+)
+from steptrail.domain.journal import (
+    JournalCursor,
+    JournalEntry,
+    NonDeterministic,
+    ReplayedError,
+    StepCall,
+    fingerprint,
+)
 from steptrail.domain.privacy import filter_payload
-from steptrail.domain.run import Decision, Run
+from steptrail.domain.run import DECISION_STEP, Decision, Run
 from steptrail.workers.segment import LeaseLost, Segment
 
 T = TypeVar("T")
@@ -84,9 +106,34 @@ class CallResult:
     error: str | None = None
 
 
+class StepTimedOut(ClassifiedError):
+    """A step ran past its deadline; the agent stopped waiting for it (failure class
+    `timeout`, retried by the retry ladder). Its thread may still be running: Python cannot
+    stop a thread, so whatever it does later is simply never recorded."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        super().__init__(FailureClass.TIMEOUT, f"step {name!r} ran past its {seconds:g} s deadline")
+
+
+class RunTimedOut(ClassifiedError):
+    """The segment ran past its agent's `max_duration`; no further step starts."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(FailureClass.TIMEOUT, f"the run ran past its {seconds:g} s maximum")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Default step deadlines and the segment's own, in seconds (None: no limit)."""
+
+    step_timeout: float | None = None
+    tool_timeout: Callable[[str], float | None] = lambda _name: None
+    max_duration: float | None = None
+
+
 class AwaitableInSyncStep(TypeError):
     """A synchronous agent's step returned an awaitable, which it cannot await: the step
-    fails (and the run with it, as not retryable) rather than settle something that never
+    fails (and the run with it, as not retryable) rather than record something that never
     ran. Write the agent as `async def`; its context awaits steps."""
 
     def __init__(self, kind: str, name: str) -> None:
@@ -94,6 +141,25 @@ class AwaitableInSyncStep(TypeError):
             f"the {kind} step {name!r} returned an awaitable in a synchronous agent; "
             "declare the agent `async def` to await it"
         )
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A step call answered from the journal: `value` is what the agent gets."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class LiveStep:
+    """A step call that runs for real: opened (boundary passed, marker confirmed for a
+    write), waiting for its callable's outcome to be closed with."""
+
+    call: StepCall
+    payload: Mapping[str, Any] | None
+    limit: float | None
+    started: float
+    write: bool = False
 
 
 class RunFailed(Exception):
@@ -120,13 +186,27 @@ class RunContext:
         privacy: PrivacyLevel,
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
+        journal: JournalCursor | None = None,
+        classify: Callable[[BaseException], FailureClass] = classify,
+        deadlines: Deadlines | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._segment = segment
         self._privacy = privacy
         self._effect_of = effect_of
+        self._journal = journal or JournalCursor()
+        self._classify = classify
+        self._deadlines = deadlines or Deadlines()
+        self._clock = clock
+        self._started = clock()
+        self._replay_noted = False
+        self._taken: Resumption | None = None
+        self._by_hand = False
         self.request = request
         self.resumable = resumable
         self.log = segment.log
+        if self._deadlines.max_duration is not None:
+            segment.renew_until = self._started + self._deadlines.max_duration
 
     # -- what the agent can read ---------------------------------------------------------------
 
@@ -155,6 +235,23 @@ class RunContext:
         return self._segment.run.state.steps + 1
 
     @property
+    def idempotency_key(self) -> str:
+        """`<run id>:<position>` of the step call now running (or the last one): the same
+        in every execution of that step, unlike `fencing_token`. Hand it to the outside
+        system of an `idempotent_write` tool, which may run again after a crash (ADR 0014)."""
+        return f"{self.run_id}:{self._journal.position}"
+
+    @property
+    def replayed(self) -> int:
+        """How many step calls of this segment were answered from the journal so far."""
+        return self._journal.replayed
+
+    @property
+    def diverged(self) -> NonDeterministic | None:
+        """The replay mismatch this segment hit, if any (the run fails non_deterministic)."""
+        return self._journal.diverged
+
+    @property
     def decision(self) -> Decision | None:
         """The human decision this segment resumed with, if it is a resumed segment."""
         return self._segment.run.state.decision
@@ -165,7 +262,19 @@ class RunContext:
 
     @property
     def resumed(self) -> Resumption | None:
-        """Set when this segment resumes a run after a person decided; None otherwise."""
+        """Set when this segment resumes a run after a person decided; None otherwise.
+
+        Reading it before the first step call means the agent resumes by hand (it skips
+        what it did before suspending), so this segment does not replay the journal: its
+        step calls no longer line up with the recorded positions (ADR 0013).
+        """
+        resumption = self._resumption()
+        if resumption is not None and self._journal.untouched:
+            self._journal.go_live(self._segment.run.state.steps)
+            self._by_hand = True
+        return resumption
+
+    def _resumption(self) -> Resumption | None:
         decision = self.decision
         if decision is None or self.resumable is None:
             return None
@@ -183,18 +292,22 @@ class RunContext:
 
     def request_approval(
         self, calls: Sequence[PendingCall | Mapping[str, Any]], *, conversation: Any = None
-    ) -> Never:
-        """Stop and wait until a person approves or denies `calls`.
+    ) -> Resumption:
+        """Wait until a person approves or denies `calls`; returns the decision.
 
-        The pending calls and `conversation` are saved verbatim (whatever the privacy level)
-        and the lease is released; the agent function ends here. After the decision it is
-        called again with `ctx.resumed` set: run the calls with `ctx.run_pending(...)`.
+        The first time, the pending calls and `conversation` are saved verbatim (whatever
+        the privacy level), the lease is released and the agent function ends here. After
+        the decision it is called again; its steps up to this point replay from the journal
+        and this call returns the decision (`approved`, `by`, `calls`): run the calls with
+        `ctx.run_pending(...)`. Taking the decision is recorded as a `decision` step, so a
+        later segment replays it too. (Agents that read `ctx.resumed` first resume by hand
+        instead, as before.)
         """
         pending = [PendingCall.model_validate(c) for c in calls]
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
-        self._suspend(state, calls_digest(pending), tuple(c.name for c in pending))
+        return self._await_decision(state, calls_digest(pending), tuple(c.name for c in pending))
 
     def request_input(
         self,
@@ -202,9 +315,10 @@ class RunContext:
         *,
         prompt: str | None = None,
         conversation: Any = None,
-    ) -> Never:
-        """Stop and wait until a person submits values matching `schema` (a pydantic model
-        or a JSON Schema); they arrive as `ctx.resumed.values`."""
+    ) -> dict[str, Any]:
+        """Wait until a person submits values matching `schema` (a pydantic model or a JSON
+        Schema); returns the validated values, like `request_approval` returns a decision
+        (they are also `ctx.resumed.values` for agents that resume by hand)."""
         json_schema = (
             schema.model_json_schema()
             if isinstance(schema, type) and issubclass(schema, BaseModel)
@@ -216,7 +330,52 @@ class RunContext:
             prompt=prompt,
             conversation=conversation,
         )
-        self._suspend(state, state_digest(state), ())
+        return dict(self._await_decision(state, state_digest(state), ()).values or {})
+
+    def _await_decision(
+        self, state: ResumableState, digest: str, tools: tuple[str, ...]
+    ) -> Resumption:
+        """The decision on `state`: replayed, taken now (resumed segment), or waited for."""
+        call = StepCall(DECISION_STEP, state.kind.value, fingerprint(digest))
+        entry = self._next(call)
+        if entry is not None:
+            self._taken = _resumption_of(entry.value)
+            return self._taken
+        decision = self.decision
+        if decision is not None and not self._by_hand:
+            resumption = self._resumption()
+            if decision.kind is not state.kind or decision.digest != digest or not resumption:
+                found = StepCall(DECISION_STEP, decision.kind.value, fingerprint(decision.digest))
+                self._journal.diverged = NonDeterministic(self._journal.position, found, call)
+                raise self._journal.diverged
+            self._take(call, resumption)
+            return resumption
+        return self._suspend(state, digest, tools)
+
+    def _take(self, call: StepCall, resumption: Resumption) -> None:
+        """Record the agent taking its decision as a step (its outcome journaled)."""
+        self._segment.boundary()
+        self._taken = resumption
+        value = {
+            "kind": resumption.kind.value,
+            "approved": resumption.approved,
+            "by": resumption.by,
+            "calls": [c.model_dump(mode="json") for c in resumption.calls],
+            "conversation": resumption.conversation,
+            "values": resumption.values,
+        }
+        # The log gets who decided and how, never the calls' or the input's content (ADR
+        # 0008); the journal keeps it verbatim, like the resumable state it came from.
+        payload = {"approved": resumption.approved, "by": resumption.by}
+        self._record(
+            call=call,
+            started=time.perf_counter(),
+            payload=payload,
+            extra=None,
+            error=None,
+            result=value,
+            log_result=False,
+        )
 
     def run_pending(
         self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
@@ -242,7 +401,7 @@ class RunContext:
         self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
     ) -> list[tuple[PendingCall, Callable[[], Any] | None]]:
         """The calls this segment resumed with, each with what runs it (None: denied)."""
-        resumed = self.resumed
+        resumed = self._taken or self.resumed
         if resumed is None or resumed.kind is not WaitKind.APPROVAL:
             raise RuntimeError("run_pending is for a segment resumed after an approval")
         return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
@@ -250,6 +409,7 @@ class RunContext:
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
         body = canonical_json(jsonable(state.model_dump(mode="json")))
         kind = state.kind
+        self.note_replay()
 
         def suspend(run: Run) -> None:
             run.suspend(
@@ -278,70 +438,32 @@ class RunContext:
         fn: Callable[[], T | Recorded[T]],
         *,
         payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
     ) -> T:
         """Run `fn` as the next step and record it (kind, name, duration, payload, result).
 
-        First the step boundary: whatever is pending (the previous step's record) is
-        appended, fenced, so `fn` only runs while the run is provably this segment's. The
-        step's own record is appended at the next boundary (the next step, a write tool, or
-        the settle). If `fn` raises, the step is recorded with the exception's class (never
-        its message) and the exception goes on. `fn` must not return an awaitable: in a
-        synchronous agent it could not be awaited, so the step fails with `AwaitableInSyncStep`
-        (use an `async def` agent, whose context awaits it).
+        If the journal already holds this step's outcome (a later segment of the run), the
+        recorded value is returned, or the recorded error raised again as `ReplayedError`,
+        without calling `fn`. The call must match the recorded one: same kind, name and
+        fingerprint of `args` (default: of `payload`), else `NonDeterministic` is raised and
+        the run fails. Values come back through JSON: return JSON-compatible data.
+
+        Otherwise, first the step boundary: whatever is pending (the previous step's record)
+        is appended, fenced, so `fn` only runs while the run is provably this segment's. The
+        step's own record and journal entry are appended at the next boundary (the next
+        step, a write tool, or the settle). If `fn` raises, the step is recorded with the
+        exception's class (never its message; the journal keeps both) and the exception goes
+        on. With a `timeout` (or a default from the App), `fn` runs on a helper thread and
+        `StepTimedOut` is raised at the deadline; `fn` must not use `ctx`.
 
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        started = self.begin_step(kind, name)
-        try:
-            outcome = _not_awaitable(fn(), kind, name)
-        except Exception as error:
-            self.end_step(kind, name, started, payload=payload, error=error)
-            raise
-        value: T = self.end_step(kind, name, started, payload=payload, outcome=outcome)
-        return value
-
-    # The two halves of a step, shared by this context and the async one (workers/
-    # async_context.py), which runs them on a store thread and awaits `fn` between them: one
-    # implementation of boundaries, fencing and records for both (ADR 0022).
-
-    def begin_step(self, kind: str, name: str) -> float:
-        """The step boundary before a step's callable runs; returns its start time.
-
-        Raises:
-            LeaseLost: the run was lost or cancelled.
-        """
-        self._segment.boundary()
-        return time.perf_counter()
-
-    def end_step(
-        self,
-        kind: str,
-        name: str,
-        started: float,
-        *,
-        payload: Mapping[str, Any] | None = None,
-        outcome: Any = None,
-        error: BaseException | None = None,
-    ) -> Any:
-        """Record the step that began at `started` (appended at the next boundary) and
-        return the value the agent gets: `outcome` unwrapped from `Recorded`."""
-        if error is not None:
-            self._record(
-                kind=kind, name=name, started=started, payload=payload, extra=None, error=error
-            )
-            return None
-        value, extra = _unwrap(outcome)
-        self._record(
-            kind=kind,
-            name=name,
-            started=started,
-            payload=payload,
-            extra=extra,
-            error=None,
-            result=value,
-        )
-        return value
+        opened = self.open_step(kind, name, payload=payload, args=args, timeout=timeout)
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        return self._run_live(opened, fn)
 
     def llm(
         self,
@@ -349,9 +471,11 @@ class RunContext:
         fn: Callable[[], T | Recorded[T]],
         *,
         payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
     ) -> T:
         """`step("llm", …)`: a model call; its return value is recorded as `content`."""
-        return self.step("llm", name, fn, payload=payload)
+        return self.step("llm", name, fn, payload=payload, args=args, timeout=timeout)
 
     def tool(
         self,
@@ -359,30 +483,128 @@ class RunContext:
         fn: Callable[[], T | Recorded[T]],
         *,
         arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> T:
         """Run tool `name` as the next step, honouring its declared effect.
 
-        A write tool (idempotent or not, or any tool nobody declared) first appends a
-        pending-effect marker under the lease; only once that is confirmed does `fn` run.
-        The marker is cleared by the step that records the tool's result; if the tool raises,
-        the marker stays, because the write may have happened.
+        A tool whose outcome the journal holds is not run again, whatever its effect: its
+        recorded result is returned (matched on name and `arguments`). Otherwise a write
+        tool (idempotent or not, or any tool nobody declared) first appends a pending-effect
+        marker under the lease; only once that is confirmed does `fn` run, and its result is
+        appended (with its journal entry) as soon as it returns, not at the next boundary,
+        so a finished write is never left unrecorded by a later crash (ADR 0014). The
+        marker is cleared by that record; if the tool raises, the marker stays, because
+        the write may have happened.
         """
-        payload = self.prepare_tool(name, arguments)
-        return self.step("tool", name, fn, payload=payload)
+        opened = self.open_tool(name, arguments=arguments, timeout=timeout)
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        return self._run_live(opened, fn)
 
-    def prepare_tool(self, name: str, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
-        """What comes before a tool's step: for a write tool, its pending-effect marker,
-        appended and confirmed. Returns the step's payload (tool, effect, arguments)."""
+    # The halves of a step, shared by this context and the async one (workers/
+    # async_context.py), which runs them on a store thread and awaits the step's callable
+    # between them: one implementation of replay, boundaries, markers, fencing, deadlines
+    # and records for both (ADR 0022).
+
+    def open_step(
+        self,
+        kind: str,
+        name: str,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
+    ) -> LiveStep | Replayed:
+        """Everything before a step's callable runs: its journal entry if it has one
+        (`Replayed`; a recorded error is raised again as `ReplayedError`), else the step
+        boundary, fenced, and the step's deadline (`LiveStep`).
+
+        Raises:
+            LeaseLost, NonDeterministic, ReplayedError, RunTimedOut.
+        """
+        call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
+        entry = self._next(call)
+        if entry is not None:
+            return Replayed(_replayed(entry))
+        limit = timeout if timeout is not None else self._deadlines.step_timeout
+        self._segment.boundary()
+        return LiveStep(call, payload, self._limit(limit), time.perf_counter())
+
+    def open_tool(
+        self,
+        name: str,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> LiveStep | Replayed:
+        """`open_step` for tool `name`: a write tool's pending-effect marker is appended
+        and confirmed here, before its callable may run."""
+        call = StepCall("tool", name, fingerprint(jsonable(dict(arguments or {}))))
+        entry = self._next(call)
+        if entry is not None:
+            return Replayed(_replayed(entry))
         effect = self._effect_of(name)
         payload: dict[str, Any] = {"tool": name, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
-        if effect.is_write:
-            seq = self._segment.commit(
-                lambda run: run.mark_effect_pending(tool=name, effect=effect)
+        limit = timeout
+        if limit is None:
+            limit = self._deadlines.tool_timeout(name)
+        if limit is None:
+            limit = self._deadlines.step_timeout
+        if not effect.is_write:
+            self._segment.boundary()
+            return LiveStep(call, payload, self._limit(limit), time.perf_counter())
+        # The deadline is known before the marker: a run out of time never leaves a marker
+        # for a write that did not start.
+        limit = self._limit(limit)
+        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
+        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
+        return LiveStep(call, payload, limit, time.perf_counter(), write=True)
+
+    def close_step(
+        self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None
+    ) -> Any:
+        """Everything after a live step's callable returned `outcome` or raised `error`:
+        its record and journal entry (appended at the next boundary, or now for a write
+        tool, ADR 0014). Returns the value the agent gets (`outcome` without `Recorded`)."""
+        if error is not None:
+            self._record(
+                call=step.call,
+                started=step.started,
+                payload=step.payload,
+                extra=None,
+                error=error,
+                result=None,
             )
-            self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
-        return payload
+            if step.write:
+                self._segment.boundary()  # the failed write's record (its marker stays)
+            return None
+        value, extra = _unwrap(outcome)
+        self._record(
+            call=step.call,
+            started=step.started,
+            payload=step.payload,
+            extra=extra,
+            error=None,
+            result=value,
+        )
+        if step.write:
+            self._segment.boundary()  # the write's result, durable now (ADR 0014)
+        return value
+
+    @contextmanager
+    def renewing_until(self, seconds: float) -> Iterator[None]:
+        """While a step with a deadline `seconds` away runs, the lease keeper renews only
+        until that deadline (ADR 0015)."""
+        segment = self._segment
+        outer = segment.renew_until
+        deadline = self._clock() + seconds
+        segment.renew_until = deadline if outer is None else min(outer, deadline)
+        try:
+            yield
+        finally:
+            segment.renew_until = outer
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -394,29 +616,104 @@ class RunContext:
             else:
                 segment.commit(lambda run: run.renew_lease())
 
+    def note_replay(self) -> None:
+        """Put a `Replayed` event in the trail once replay is over (it rides with the next
+        append). Called before the first live step, and before the segment settles or
+        suspends."""
+        if self._replay_noted or self._journal.replayed == 0:
+            return
+        self._replay_noted = True
+        count, last_seq = self._journal.replayed, self._journal.last_seq
+        try:
+            self._segment.defer(lambda run: run.record_replay(count=count, last_seq=last_seq))
+        except LeaseLost:
+            return  # the caller's next append reports the loss
+        self.log.info("steps_replayed", count=count, last_seq=last_seq)
+
     # -- internals -----------------------------------------------------------------------------
+
+    def _next(self, call: StepCall) -> JournalEntry | None:
+        """The journal's answer for this call's position (None: run it for real)."""
+        if self._segment.lost is not None:
+            raise self._segment.lost
+        entry = self._journal.next(call)
+        if entry is None:
+            self.note_replay()
+        return entry
+
+    def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
+        try:
+            if step.limit is None:
+                outcome = fn()
+            else:
+                outcome = self._with_deadline(step.call.name, fn, step.limit)
+            outcome = _not_awaitable(outcome, step.call.kind, step.call.name)
+        except Exception as error:
+            self.close_step(step, error=error)
+            raise
+        value: T = self.close_step(step, outcome=outcome)
+        return value
+
+    def _limit(self, timeout: float | None) -> float | None:
+        """The deadline of the next step: its own, cut to what is left of the segment's."""
+        most = self._deadlines.max_duration
+        if most is None:
+            return timeout
+        left = self._started + most - self._clock()
+        if left <= 0:
+            raise RunTimedOut(most)
+        return left if timeout is None else min(timeout, left)
+
+    def _with_deadline(self, name: str, fn: Callable[[], Any], seconds: float) -> Any:
+        """Run `fn` on a helper thread and stop waiting for it after `seconds`.
+
+        Python cannot kill a thread: a step past its deadline goes on running until it
+        returns by itself, but nothing it returns is recorded, and the lease keeper stops
+        renewing for a step it is still waiting on after the deadline (ADR 0015).
+        """
+        box: dict[str, Any] = {}
+        context = contextvars.copy_context()
+
+        def target() -> None:
+            try:
+                box["value"] = context.run(fn)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the agent's thread
+                box["error"] = error
+
+        thread = threading.Thread(target=target, name=f"steptrail-step-{name}", daemon=True)
+        with self.renewing_until(seconds):
+            thread.start()
+            thread.join(seconds)
+        if thread.is_alive():
+            self.log.warning("step_timed_out", step=name, timeout_s=seconds)
+            raise StepTimedOut(name, seconds)
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def _record(
         self,
         *,
-        kind: str,
-        name: str,
+        call: StepCall,
         started: float,
         payload: Mapping[str, Any] | None,
         extra: Recorded[Any] | None,
         error: BaseException | None,
-        result: Any = None,
+        result: Any,
+        log_result: bool = True,
     ) -> None:
         duration_ms = int((time.perf_counter() - started) * 1000)
+        kind, name = call.kind, call.name
         body: dict[str, Any] = dict(payload or {})
         tokens, cost = 0, 0.0
         if extra is not None:
             body.update(extra.payload)
             tokens, cost = extra.tokens, extra.cost
-        if error is None:
+        if error is None and log_result:
             body["content" if kind == "llm" else "result"] = result
         filtered = filter_payload(jsonable(body), self._privacy)
-        error_type = type(error).__name__ if error is not None else None
+        error_type = _error_type(error) if error is not None else None
+        entry = _entry(call, self._journal.position, result, error, self._classify)
 
         def record(run: Run) -> int:
             return run.record_step(
@@ -428,9 +725,62 @@ class RunContext:
                 error_type=error_type,
                 tokens=tokens,
                 cost=cost,
+                journal=entry,
             )
 
         self._segment.defer(record)
+
+
+def _error_type(error: BaseException) -> str:
+    if isinstance(error, ReplayedError):
+        return error.error_type
+    return type(error).__name__
+
+
+def _entry(
+    call: StepCall,
+    position: int,
+    result: Any,
+    error: BaseException | None,
+    classify_error: Callable[[BaseException], FailureClass],
+) -> JournalEntry:
+    """The journal entry of a finished step: its value as JSON, or its error."""
+    base = JournalEntry(0, position, call.kind, call.name, call.fingerprint)
+    if error is not None:
+        message = error.original_message if isinstance(error, ReplayedError) else str(error)
+        return JournalEntry(
+            0,
+            position,
+            call.kind,
+            call.name,
+            call.fingerprint,
+            error_type=_error_type(error),
+            error_message=message,
+            failure_class=classify_error(error),
+        )
+    value = jsonable(result)
+    try:
+        canonical_json(value)
+    except ValueError:  # NaN or infinity: JSON has no word for them
+        value = str(value)
+    return JournalEntry(base.seq, position, base.kind, base.name, base.fingerprint, value=value)
+
+
+def _replayed(entry: JournalEntry) -> Any:
+    if entry.failed:
+        raise ReplayedError(entry)
+    return entry.value
+
+
+def _resumption_of(value: Any) -> Resumption:
+    return Resumption(
+        kind=WaitKind(value["kind"]),
+        approved=bool(value["approved"]),
+        by=str(value["by"]),
+        calls=[PendingCall.model_validate(c) for c in value.get("calls") or []],
+        conversation=value.get("conversation"),
+        values=value.get("values"),
+    )
 
 
 def _bind(

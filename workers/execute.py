@@ -19,12 +19,14 @@ import structlog
 
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.journal import JournalCursor, ReplayedError
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
 from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
+    Deadlines,
     RunContext,
     RunFailed,
     Suspend,
@@ -74,8 +76,9 @@ class Executor:
     """Runs claimed (or started, or resumed) segments to their outcome.
 
     Synchronous agents run in the calling thread (`execute`); async agents run as a
-    coroutine (`execute_async`) whose store calls go to `threads`. Both settle through
-    `conclude`, so there is one implementation of how a segment ends (ADR 0022).
+    coroutine (`execute_async`) whose store calls go to `threads`. Both open their segment
+    with `_open` and settle through `conclude`, so there is one implementation of how a
+    segment starts and ends (ADR 0022).
     """
 
     def __init__(
@@ -119,10 +122,10 @@ class Executor:
                 result = _not_awaitable(spec.fn(ctx, ctx.request), spec.name)  # type: ignore[arg-type]
             # Any agent error goes to the retry ladder; LeaseLost and Suspend end the segment.
             except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001
-                return self.conclude(segment, ctx.privacy, error=error)
-            return self.conclude(segment, ctx.privacy, result=result)
+                return self.conclude(segment, ctx, error=error)
+            return self.conclude(segment, ctx, result=result)
         finally:
-            self.keeper.untrack(segment)
+            self._close(segment)
 
     async def execute_async(
         self,
@@ -132,12 +135,12 @@ class Executor:
         resumable: dict[str, Any] | None = None,
     ) -> SegmentResult:
         """Run the agent of `run` as a coroutine on the running loop and settle it. Every
-        store call (appends, the settle) runs on `self.threads`; the loop never blocks on
-        the store. A synchronous agent runs on a store thread, as it would on a worker's."""
+        store call (the journal read, appends, the settle) runs on `self.threads`; the loop
+        never blocks on the store. A synchronous agent runs on a store thread instead."""
         spec = self.app.get(run.state.agent)
         if not spec.is_async:
             return await self.threads.call(self.execute, run, request, resumable=resumable)
-        segment, core = self._open(spec, run, request, resumable)
+        segment, core = await self.threads.call(self._open, spec, run, request, resumable)
         ctx = AsyncRunContext(core, self.threads)
         deactivate = ctx.activate()
         try:
@@ -146,11 +149,11 @@ class Executor:
                 if inspect.isawaitable(result):
                     result = await result
             except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001 - as in `execute`
-                return await self.threads.call(self.conclude, segment, core.privacy, error=error)
-            return await self.threads.call(self.conclude, segment, core.privacy, result=result)
+                return await self.threads.call(self.conclude, segment, core, error=error)
+            return await self.threads.call(self.conclude, segment, core, result=result)
         finally:
             deactivate()
-            self.keeper.untrack(segment)
+            self._close(segment)
 
     def _open(
         self,
@@ -161,41 +164,61 @@ class Executor:
     ) -> tuple[Segment, RunContext]:
         privacy = spec.privacy or self.config.privacy
         segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
+        # A run that recorded no step has no journal: a fresh claim costs no extra read.
+        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
         ctx = RunContext(
             segment,
             request=request,
             privacy=privacy,
             effect_of=self.app.effect_of,
             resumable=resumable,
+            journal=journal,
+            classify=self.classifier,
+            deadlines=Deadlines(
+                step_timeout=spec.step_timeout,
+                tool_timeout=self.app.timeout_of,
+                max_duration=spec.max_duration,
+            ),
         )
         self.keeper.track(segment)
         return segment, ctx
 
+    def _close(self, segment: Segment) -> None:
+        self.keeper.untrack(segment)
+        segment.close()
+
     def conclude(
         self,
         segment: Segment,
-        privacy: PrivacyLevel,
+        ctx: RunContext,
         *,
         result: Any = None,
         error: BaseException | None = None,
     ) -> SegmentResult:
         """Settle the segment after its agent returned `result` or raised `error`."""
         run = segment.run
+        privacy = ctx.privacy
         if isinstance(error, LeaseLost):
             return self._result(segment, error.outcome)
         if isinstance(error, Suspend):
             return self._result(segment, error.outcome)
         if isinstance(error, RunFailed):
+            if ctx.diverged is not None:  # a replay mismatch outranks what the agent made of it
+                return self._on_failure(segment, ctx, ctx.diverged)
             reason, error_type = error.reason, type(error).__name__
+            ctx.note_replay()
             return self._settle(
                 segment, lambda r: r.fail(reason=reason, error_type=error_type), Outcome.FAILED
             )
         if isinstance(error, Exception):
-            return self._on_failure(segment, error)
+            return self._on_failure(segment, ctx, ctx.diverged or error)
         if error is not None:
             raise error
         if segment.lost is not None:
             return self._result(segment, segment.lost.outcome)
+        if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
+            return self._on_failure(segment, ctx, ctx.diverged)
+        ctx.note_replay()
         body = filter_payload(jsonable({"result": result}), privacy)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
@@ -205,11 +228,13 @@ class Executor:
             return SegmentResult(run.id, Outcome.COMPLETED, run.status, run.version, result)
         return settled
 
-    def _on_failure(self, segment: Segment, error: Exception) -> SegmentResult:
+    def _on_failure(self, segment: Segment, ctx: RunContext, error: Exception) -> SegmentResult:
         """The retry ladder: dead-letter, requeue with backoff, or fail (ADR 0006)."""
         run = segment.run
+        ctx.note_replay()
         failure_class: FailureClass = self.classifier(error)
-        error_type = type(error).__name__
+        # A recorded error raised again on replay keeps the class name it was recorded with.
+        error_type = error.error_type if isinstance(error, ReplayedError) else type(error).__name__
         decision = self.config.policy.on_failure(run.state, failure_class, self.rng.random())
         log = segment.log.bind(failure_class=failure_class.value, error_type=error_type)
         if isinstance(decision, Requeue):
