@@ -13,9 +13,10 @@ the agent —
 * a tool with `requires_approval=True` ends the agent run with pydantic-ai's deferred tool
   requests; `run_agent` turns them into `ctx.request_approval(...)`, so the run waits for
   `steptrail approve/deny`, with the decision bound to the SHA-256 digest of the exact tool
-  names, arguments and call ids. On resume the conversation continues from the saved
-  messages; an approved call runs (as a tool step), a denied one reaches the model as the
-  tool's error result, "denied by the operator".
+  names, arguments and call ids. On resume the agent's steps replay from the journal to the
+  same point and the decision is taken there; an approved call runs (as a tool step), a
+  denied one reaches the model as the tool's result "denied by the operator" (a tool return
+  whose outcome is `denied`).
 
 Steps of one segment are positional, so tool calls run one at a time inside a run. Outside a
 steptrail run (or inside a synchronous agent) the capability refuses to run the agent,
@@ -68,12 +69,11 @@ from pydantic_ai.durable_exec import (
 )
 from pydantic_ai.durable_exec import EventStreamHandlerId as _EventStreamHandlerId
 from pydantic_ai.exceptions import UserError
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
+from pydantic_ai.messages import ModelResponse
 from pydantic_ai.tools import AgentDepsT
 from pydantic_core import to_jsonable_python
 
 from steptrail.domain.decisions import DENIED
-from steptrail.domain.enums import WaitKind
 from steptrail.workers.async_context import AsyncRunContext, current_run_context
 from steptrail.workers.context import Recorded
 
@@ -214,11 +214,13 @@ async def run_agent(
     """Run `agent` (made durable with `StepTrailDurability`) inside a steptrail run, with
     approval-required tools suspending the run for a person's decision.
 
-    The first segment runs the agent; if it calls a tool that requires approval, the
-    conversation is saved and the run waits (`steptrail approve/deny RUN --digest ...`).
-    When the run resumes, the agent function is called again and this call continues the
-    saved conversation with the decision: approved calls run, denied ones return "denied by
-    the operator" to the model. Other keyword arguments go to `agent.run`.
+    When the agent calls a tool that requires approval, the run waits for `steptrail
+    approve/deny RUN --digest ...` (the conversation so far is saved for the operator to
+    read). When it resumes, the agent function is called again: this call replays the
+    agent's model requests and tool calls from the journal up to the same point, takes the
+    decision, and goes on — approved calls run (as tool steps, with their markers), denied
+    ones return "denied by the operator" to the model as the tool's result. Other keyword
+    arguments go to `agent.run`.
 
     Raises:
         NotInSteptrailRun: `ctx` is not the context of the run executing now.
@@ -226,40 +228,28 @@ async def run_agent(
     """
     if current_run_context() is not ctx:
         raise NotInSteptrailRun("run_agent needs the context of the async agent running it")
-    deferred: DeferredToolResults | None = None
-    resumed = ctx.resumed
-    if (
-        resumed is not None
-        and resumed.kind is WaitKind.APPROVAL
-        and isinstance(resumed.conversation, dict)
-        and CONVERSATION_KEY in resumed.conversation
-    ):
-        kwargs["message_history"] = ModelMessagesTypeAdapter.validate_python(
-            resumed.conversation[CONVERSATION_KEY]
-        )
-        decision: bool | ToolDenied = True if resumed.approved else ToolDenied(DENIED)
-        deferred = DeferredToolResults(
-            approvals={call.id: decision for call in resumed.calls if call.id is not None}
-        )
-        user_prompt = None
     wanted = output_type if output_type is not None else agent.output_type
     outputs = [*(wanted if isinstance(wanted, list) else [wanted]), DeferredToolRequests]
-    result: AgentRunResult[Any] = await agent.run(
-        user_prompt, output_type=outputs, deferred_tool_results=deferred, **kwargs
-    )
-    requests = result.output
-    if not isinstance(requests, DeferredToolRequests):
-        return result
-    if requests.calls:
-        raise UserError(
-            "steptrail runs pydantic-ai tools itself; a call deferred for external execution "
-            f"({', '.join(c.tool_name for c in requests.calls)}) is not supported"
+    result: AgentRunResult[Any] = await agent.run(user_prompt, output_type=outputs, **kwargs)
+    while isinstance(requests := result.output, DeferredToolRequests):
+        if requests.calls:
+            raise UserError(
+                "steptrail runs pydantic-ai tools itself; a call deferred for external "
+                f"execution ({', '.join(c.tool_name for c in requests.calls)}) is not supported"
+            )
+        decision = await ctx.request_approval(
+            [
+                {"name": c.tool_name, "arguments": c.args_as_dict(), "id": c.tool_call_id}
+                for c in requests.approvals
+            ],
+            conversation={CONVERSATION_KEY: to_jsonable_python(result.all_messages())},
         )
-    await ctx.request_approval(
-        [
-            {"name": call.tool_name, "arguments": call.args_as_dict(), "id": call.tool_call_id}
-            for call in requests.approvals
-        ],
-        conversation={CONVERSATION_KEY: to_jsonable_python(result.all_messages())},
-    )
-    raise AssertionError("request_approval returned without suspending")  # pragma: no cover
+        answer: bool | ToolDenied = True if decision.approved else ToolDenied(DENIED)
+        deferred = DeferredToolResults(
+            approvals={c.tool_call_id: answer for c in requests.approvals}
+        )
+        kwargs["message_history"] = result.all_messages()
+        result = await agent.run(
+            None, output_type=outputs, deferred_tool_results=deferred, **kwargs
+        )
+    return result

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from typing import Any
 from uuid import UUID
 
@@ -560,3 +561,150 @@ def test_sync_runtime__async_agent_inside_a_running_loop_is_refused(runtime: Run
 
     asyncio.run(inside())
     assert ran == []
+
+
+def test_async_replay__requeued_run_repeats_no_completed_step_or_write(db_url: str) -> None:
+    """After a transient failure at step 3, the retry replays the async agent's completed
+    model call and write from the journal (each ran once) and runs step 3 again."""
+    ran: Counter[str] = Counter()
+    app = App()
+    app.tool("send_email", effect="non_idempotent_write")
+
+    @app.agent("mailer_replay")
+    async def mailer(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, Any]:
+        async def draft() -> str:
+            ran["draft"] += 1
+            return "hello"
+
+        async def send() -> str:
+            ran["send"] += 1
+            return "sent"
+
+        async def confirm() -> str:
+            ran["confirm"] += 1
+            if ctx.attempt == 1:
+                raise steptrail.HttpStatusError(503)
+            return "ok"
+
+        text = await ctx.llm("draft", draft)
+        receipt = await ctx.tool("send_email", send, arguments={"body": text})
+        return {"receipt": receipt, "confirmed": await ctx.llm("confirm", confirm)}
+
+    rt = make_runtime(db_url, app=app)
+    try:
+        run_id = rt.enqueue("mailer_replay", {})
+        deadline = time.monotonic() + 20
+        while not rt.get(run_id).status.is_terminal and time.monotonic() < deadline:
+            rt.work(burst=True)
+            time.sleep(0.05)
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        assert ran == Counter({"draft": 1, "send": 1, "confirm": 2})
+        replayed = [h.event for h in rt.history(run_id) if isinstance(h.event, Run.Replayed)]
+        assert [(e.count, e.last_seq) for e in replayed] == [(2, 2)]
+        assert rt.store.journal(run_id) == []  # deleted on settle
+    finally:
+        rt.close()
+
+
+def test_async_replay__changed_agent_code_fails_non_deterministic(db_url: str) -> None:
+    """An async agent whose steps differ between segments fails not retryable with class
+    `non_deterministic`; the mismatching step is never handed the recorded result."""
+    app = App()
+    handed: list[Any] = []
+
+    @app.agent("shifty")
+    async def shifty(ctx: AsyncRunContext, request: dict[str, Any]) -> None:
+        name = "first" if ctx.attempt == 1 else "changed"
+        handed.append(await ctx.llm(name, lambda: asyncio.sleep(0, result=name)))
+        if ctx.attempt == 1:
+            raise steptrail.HttpStatusError(503)
+
+    rt = make_runtime(db_url, app=app)
+    try:
+        run_id = rt.enqueue("shifty", {})
+        deadline = time.monotonic() + 20
+        while not rt.get(run_id).status.is_terminal and time.monotonic() < deadline:
+            rt.work(burst=True)
+            time.sleep(0.05)
+        row = rt.get(run_id)
+        assert row.status is RunStatus.FAILED
+        assert row.state.reason is TerminationReason.NOT_RETRYABLE
+        assert row.state.failure_class is FailureClass.NON_DETERMINISTIC
+        assert handed == ["first"]
+    finally:
+        rt.close()
+
+
+def test_async_timeout__step_cancelled_at_its_deadline_and_retried(db_url: str) -> None:
+    """An awaiting step past its timeout is cancelled (its task sees CancelledError), fails
+    `StepTimedOut` (class timeout), and the run goes down the retry ladder to completion."""
+    cancelled: list[int] = []
+    app = App()
+
+    @app.agent("hangs_once")
+    async def hangs_once(ctx: AsyncRunContext, request: dict[str, Any]) -> str:
+        attempt = ctx.attempt
+
+        async def call() -> str:
+            try:
+                await asyncio.sleep(30 if attempt == 1 else 0)
+            except asyncio.CancelledError:
+                cancelled.append(attempt)
+                raise
+            return "answer"
+
+        return await ctx.llm("slow", call, timeout=0.3)
+
+    rt = make_runtime(db_url, app=app)
+    try:
+        run_id = rt.enqueue("hangs_once", {})
+        started = time.monotonic()
+        while not rt.get(run_id).status.is_terminal and time.monotonic() - started < 20:
+            rt.work(burst=True)
+            time.sleep(0.05)
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        assert time.monotonic() - started < 15
+        assert cancelled == [1]
+        requeued = next(h.event for h in rt.history(run_id) if isinstance(h.event, Run.Requeued))
+        assert requeued.failure_class is FailureClass.TIMEOUT
+        assert steps_of(rt, run_id)[0].error_type == "StepTimedOut"
+    finally:
+        rt.close()
+
+
+def test_async_approval_in_flow__resume_replays_and_returns_the_decision(db_url: str) -> None:
+    """`await ctx.request_approval(...)` suspends; after `approve` the resumed segment replays
+    the model call before it (not called again) and gets the decision back."""
+    calls: Counter[str] = Counter()
+    app = App()
+    app.tool("send_email", effect="non_idempotent_write")
+
+    @app.agent("in_flow")
+    async def in_flow(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, Any]:
+        async def draft() -> str:
+            calls["draft"] += 1
+            return "hi"
+
+        text = await ctx.llm("draft", draft)
+        decision = await ctx.request_approval([{"name": "send_email", "arguments": {"body": text}}])
+
+        async def send(body: str) -> str:
+            calls["send"] += 1
+            return f"sent {body}"
+
+        results = await ctx.run_pending({"send_email": send})
+        return {"approved": decision.approved, "by": decision.by, "sent": results[0].value}
+
+    rt = make_runtime(db_url, app=app, privacy_level="full")
+    try:
+        run_id = rt.enqueue("in_flow", {})
+        assert rt.work(burst=True).outcomes == {"awaiting_approval": 1}
+        rt.approve(run_id, by="alice", digest=rt.pending(run_id).digest)
+        rt.work(burst=True)
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        assert calls == Counter({"draft": 1, "send": 1})
+        assert result_of(rt, run_id) == {
+            "result": {"approved": True, "by": "alice", "sent": "sent hi"}
+        }
+    finally:
+        rt.close()
