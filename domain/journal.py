@@ -199,9 +199,10 @@ class JournalCursor:
         """
         if self.diverged is not None:
             raise self.diverged
-        self.position += 1
         if self.live:
+            self.position += 1
             return None
+        self.position += 1
         entry = self._entries[self.position - 1]
         if entry.call != call:
             self.diverged = NonDeterministic(self.position, entry.call, call)

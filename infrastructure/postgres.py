@@ -177,12 +177,19 @@ class PostgresRunStore(ClaimsOne):
         return run
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
-        events = encoded_events(run)
-        if not events:
+        if not run.pending_events:
             return
+        params = self.append_params(run, resumable=resumable)
+        with self._connection() as conn:
+            conn.execute(self.q["append"], params, prepare=True)
+        run.mark_committed()
+
+    def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
+        """The parameters of the `append` query for `run`'s pending events and journal."""
+        events = encoded_events(run)
         drop, notify = side_effects(run.state)
         journal = journal_rows(run)
-        params = {
+        return {
             **self._params(run),
             "expected": run.committed_version,
             "versions": [v for v, _, _ in events],
@@ -198,9 +205,6 @@ class PostgresRunStore(ClaimsOne):
             "j_fingerprints": [j["fingerprint"] for j in journal],
             "j_outcomes": [j["outcome"] for j in journal],
         }
-        with self._connection() as conn:
-            conn.execute(self.q["append"], params, prepare=True)
-        run.mark_committed()
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

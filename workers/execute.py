@@ -19,7 +19,7 @@ import structlog
 
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
-from steptrail.domain.journal import JournalCursor, ReplayedError
+from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
@@ -237,6 +237,16 @@ class Executor:
         error_type = error.error_type if isinstance(error, ReplayedError) else type(error).__name__
         decision = self.config.policy.on_failure(run.state, failure_class, self.rng.random())
         log = segment.log.bind(failure_class=failure_class.value, error_type=error_type)
+        if isinstance(error, NonDeterministic):
+            # Step kinds and names are metadata, never content: the trail may say which.
+            log.warning(
+                "replay_diverged",
+                position=error.position,
+                expected=error.expected.describe(),
+                found=error.found.describe(),
+            )
+            if isinstance(decision, DeadLetter):
+                decision = DeadLetter(decision.reason, f"non_deterministic: {error}")
         if isinstance(decision, Requeue):
             result = self._settle(
                 segment,

@@ -64,7 +64,8 @@ BEGIN
     END IF;
     -- The store's clock, read once the row lock is held: now() is the transaction's start,
     -- which may be long before a writer that queued on the lock gets it, and a lease must
-    -- start when the write that grants it happens, not when it began waiting.
+    -- start when the write that grants it happens, not when it began waiting. (Issue 10
+    -- makes the other writers read the clock the same way.)
     v_now := clock_timestamp();
     -- The run index rule is the same as projections.run_index.row_after.
     UPDATE steptrail_runs SET
@@ -87,8 +88,10 @@ BEGIN
             ELSE v_now + p_retry_delay_ms * interval '1 millisecond' END,
         updated_at = v_now
     WHERE run_id = p_run_id;
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
-    SELECT p_run_id, v, t, s FROM unnest(p_versions, p_topics, p_states) AS e(v, t, s);
+    -- The events carry the same instant, so a run index rebuilt from the log (whose folds
+    -- read recorded_at) equals the live one.
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+    SELECT p_run_id, v, t, s, v_now FROM unnest(p_versions, p_topics, p_states) AS e(v, t, s);
     IF cardinality(p_j_seqs) > 0 THEN
         INSERT INTO steptrail_journal (run_id, seq, position, kind, name, fingerprint, outcome)
         SELECT p_run_id, q, p, k, n, f, o
