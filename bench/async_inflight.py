@@ -46,7 +46,7 @@ app = App()
 async def inflight_async(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, int]:
     wait = float(request["wait"])
     for k in range(int(request["steps"])):
-        await ctx.llm(f"wait-{k + 1}", lambda: asyncio.sleep(wait, result=k))
+        await ctx.llm(f"wait-{k + 1}", lambda k=k: asyncio.sleep(wait, result=k))
     return {"steps": int(request["steps"])}
 
 
@@ -54,7 +54,7 @@ async def inflight_async(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[
 def inflight_sync(ctx: RunContext, request: dict[str, Any]) -> dict[str, int]:
     wait = float(request["wait"])
     for k in range(int(request["steps"])):
-        ctx.llm(f"wait-{k + 1}", lambda: time.sleep(wait) or k)
+        ctx.llm(f"wait-{k + 1}", lambda k=k: time.sleep(wait) or k)
     return {"steps": int(request["steps"])}
 
 

@@ -18,7 +18,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -40,7 +40,9 @@ from steptrail.workers.store_threads import StoreThreads
 
 T = TypeVar("T")
 
-StepFn = Callable[[], Awaitable[T | Recorded[T]] | T | Recorded[T]]
+AwaitingRecordedFn = Callable[[], Awaitable[Recorded[T]]]
+AwaitingFn = Callable[[], Awaitable[T]]
+PlainFn = Callable[[], T | Recorded[T]]
 
 _CURRENT: ContextVar[AsyncRunContext | None] = ContextVar("steptrail_run_context", default=None)
 
@@ -119,16 +121,51 @@ class AsyncRunContext:
 
     # -- steps ---------------------------------------------------------------------------------
 
+    # Each step method takes a coroutine function or a plain one; the overloads let a type
+    # checker see through either to the value the agent gets.
+    @overload
     async def step(
         self,
         kind: str,
         name: str,
-        fn: StepFn[T],
+        fn: AwaitingRecordedFn[T],
+        *,
+        payload: Mapping[str, Any] | None = ...,
+        args: Any = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    @overload
+    async def step(
+        self,
+        kind: str,
+        name: str,
+        fn: AwaitingFn[T],
+        *,
+        payload: Mapping[str, Any] | None = ...,
+        args: Any = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    @overload
+    async def step(
+        self,
+        kind: str,
+        name: str,
+        fn: PlainFn[T],
+        *,
+        payload: Mapping[str, Any] | None = ...,
+        args: Any = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    async def step(
+        self,
+        kind: str,
+        name: str,
+        fn: Callable[[], Any],
         *,
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Any:
         """Run `fn` as the next step and record it: `RunContext.step` with `fn` awaited.
 
         A journaled step is replayed without calling `fn`. With a `timeout` (or a default
@@ -143,26 +180,83 @@ class AsyncRunContext:
         )
         return await self._run(opened, fn)
 
+    @overload
     async def llm(
         self,
         name: str,
-        fn: StepFn[T],
+        fn: AwaitingRecordedFn[T],
+        *,
+        payload: Mapping[str, Any] | None = ...,
+        args: Any = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    @overload
+    async def llm(
+        self,
+        name: str,
+        fn: AwaitingFn[T],
+        *,
+        payload: Mapping[str, Any] | None = ...,
+        args: Any = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    @overload
+    async def llm(
+        self,
+        name: str,
+        fn: PlainFn[T],
+        *,
+        payload: Mapping[str, Any] | None = ...,
+        args: Any = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    async def llm(
+        self,
+        name: str,
+        fn: Callable[[], Any],
         *,
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Any:
         """`step("llm", …)`: a model call; its return value is recorded as `content`."""
         return await self.step("llm", name, fn, payload=payload, args=args, timeout=timeout)
 
+    @overload
     async def tool(
         self,
         name: str,
-        fn: StepFn[T],
+        fn: AwaitingRecordedFn[T],
+        *,
+        arguments: Mapping[str, Any] | None = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    @overload
+    async def tool(
+        self,
+        name: str,
+        fn: AwaitingFn[T],
+        *,
+        arguments: Mapping[str, Any] | None = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    @overload
+    async def tool(
+        self,
+        name: str,
+        fn: PlainFn[T],
+        *,
+        arguments: Mapping[str, Any] | None = ...,
+        timeout: float | None = ...,
+    ) -> T: ...
+    async def tool(
+        self,
+        name: str,
+        fn: Callable[[], Any],
         *,
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Any:
         """Run tool `name` as the next step, honouring its declared effect: a write tool's
         pending-effect marker is appended and confirmed before `fn` is even called, and
         its result is appended as soon as it returns (see `RunContext.tool`)."""
@@ -175,9 +269,9 @@ class AsyncRunContext:
         """Prove the run is still ours now (see `RunContext.heartbeat`)."""
         await self._threads.call(self._core.heartbeat)
 
-    async def _run(self, opened: LiveStep | Replayed, fn: StepFn[T]) -> T:
+    async def _run(self, opened: LiveStep | Replayed, fn: Callable[[], Any]) -> Any:
         if isinstance(opened, Replayed):
-            return opened.value  # type: ignore[no-any-return]
+            return opened.value
         close = self._core.close_step
         try:
             outcome = fn()
@@ -186,8 +280,7 @@ class AsyncRunContext:
         except Exception as error:
             await self._threads.call(close, opened, error=error)
             raise
-        value: T = await self._threads.call(close, opened, outcome=outcome)
-        return value
+        return await self._threads.call(close, opened, outcome=outcome)
 
     async def _awaited(self, step: LiveStep, awaitable: Awaitable[Any]) -> Any:
         """`awaitable`'s outcome; past the step's deadline it is cancelled (ADR 0015)."""
