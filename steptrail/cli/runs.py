@@ -62,7 +62,14 @@ def enqueue(
 def work(
     ctx: typer.Context,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Runs executed at once.")
+        int,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            min=1,
+            help="Runs executed at once: a thread each for sync agents, a task on the "
+            "worker's one event loop for async agents.",
+        ),
     ] = 1,
     burst: Annotated[
         bool,
