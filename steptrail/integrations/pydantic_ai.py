@@ -79,7 +79,6 @@ from steptrail.workers.context import Recorded
 
 __all__ = ["NotInSteptrailRun", "StepTrailDurability", "run_agent"]
 
-ENGINE = "steptrail"
 CONVERSATION_KEY = "pydantic_ai_messages"
 _RESPONSE = TypeAdapter(ModelResponse)
 
@@ -111,9 +110,8 @@ class _StepTrailBackend(JournalCallableOperationBackend[_NoConfig]):
         ctx = _require_context()
         if isinstance(operation_id, ModelRequestId):
             return await ctx.llm(name, lambda: _model_request(body))
-        if isinstance(operation_id, ToolsetCallToolId) or (
-            type(operation_id).__name__ == "DynamicToolsetCallToolId"
-        ):
+        if isinstance(operation_id, ToolsetCallToolId):  # function, MCP and dynamic tools
+            # The call's cache identity starts with the tool's name and its arguments.
             tool, arguments = str(cache_key[0]), cache_key[1]
             args = dict(arguments) if isinstance(arguments, dict) else None
             return await ctx.tool(tool, body, arguments=args)
@@ -121,6 +119,8 @@ class _StepTrailBackend(JournalCallableOperationBackend[_NoConfig]):
             # Argument validation is pure and event delivery is the caller's own: neither is
             # a step (a replayed model response is validated again, the same way).
             return await body()
+        # Anything else (discovery, compaction, capability operations; the union grows in
+        # minor releases) is one plain step.
         return await ctx.step("pydantic_ai", name, body)
 
 
