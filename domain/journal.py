@@ -28,12 +28,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from steptrail.domain.classifier import ClassifiedError
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import FailureClass
+
+# Not canonical (nothing hashes an outcome): one plain encoder, built once, is what the hot
+# path can afford; json.dumps with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def fingerprint(arguments: Any) -> str:
@@ -70,6 +74,15 @@ class JournalEntry:
     error_type: str | None = None
     error_message: str | None = None
     failure_class: FailureClass | None = None
+    # The stored form, when whoever made the entry has encoded it already (not compared).
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of_value(cls, position: int, call: StepCall, value: Any, *, seq: int = 0) -> JournalEntry:
+        """The entry of a step that returned `value`, encoded now: ValueError if `value` has
+        no JSON form (NaN, infinity)."""
+        encoded = _ENCODER.encode({"value": value}).encode()
+        return cls(seq, position, call.kind, call.name, call.fingerprint, value, encoded=encoded)
 
     @property
     def call(self) -> StepCall:
@@ -81,6 +94,8 @@ class JournalEntry:
 
     def outcome(self) -> bytes:
         """The verbatim outcome, as stored (JSON)."""
+        if self.encoded is not None:
+            return self.encoded
         if self.failed:
             body: dict[str, Any] = {
                 "error": {
@@ -91,7 +106,7 @@ class JournalEntry:
             }
         else:
             body = {"value": self.value}
-        return canonical_json(body)
+        return _ENCODER.encode(body).encode()
 
     @classmethod
     def from_row(

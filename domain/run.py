@@ -18,7 +18,6 @@ Two things are deliberately absent here:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any, ClassVar
 from uuid import UUID
 
@@ -485,7 +484,7 @@ class Run:
         self._state = state
         self._committed_version = state.version
         self._pending: list[RunEvent] = []
-        self._pending_journal: list[JournalEntry] = []
+        self._pending_journal: list[tuple[int, JournalEntry]] = []
 
     @classmethod
     def enqueue(
@@ -565,8 +564,9 @@ class Run:
         return tuple(self._pending)
 
     @property
-    def pending_journal(self) -> tuple[JournalEntry, ...]:
-        """Journal entries of the pending steps: the store writes them with the events."""
+    def pending_journal(self) -> tuple[tuple[int, JournalEntry], ...]:
+        """(step seq, journal entry) of the pending steps: the store writes them with the
+        events. (The entry's own `seq` is that of whoever made it; the pair's is the step's.)"""
         return tuple(self._pending_journal)
 
     def checkpoint(self) -> Checkpoint:
@@ -609,12 +609,11 @@ class Run:
     ) -> int:
         """Record the next step; returns its sequence number. The payload must already have
         been filtered for `privacy` (the domain's privacy policy does that). `journal` is the
-        step's verbatim outcome, written beside the log in the same append (its `seq` is
-        set here)."""
+        step's verbatim outcome, written beside the log in the same append as this step."""
         holder = self._holder("record a step")
         seq = self._state.steps + 1
         if journal is not None:
-            self._pending_journal.append(replace(journal, seq=seq))
+            self._pending_journal.append((seq, journal))
         self._trigger(
             self.StepRecorded(
                 actor=holder,

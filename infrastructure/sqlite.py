@@ -22,8 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
-from eventsourcing.persistence import PersistenceError
-from eventsourcing.sqlite import SQLiteDatastore
+from eventsourcing.persistence import InterfaceError, PersistenceError
+from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteDatastore
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
@@ -45,6 +45,7 @@ from steptrail.infrastructure.store_base import (
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
+STATEMENT_CACHE = 64  # prepared statements kept per connection
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Idle workers of this process sleep on one event per database file; enqueuers set it. Workers
@@ -90,6 +91,37 @@ def _configure(conn: object, cur: sqlite3.Cursor) -> None:
     conn._steptrail_configured = True  # type: ignore[attr-defined]
 
 
+def _cache_statements(pool: SQLiteConnectionPool) -> None:
+    """Make the pool's new connections keep their prepared statements.
+
+    The eventsourcing pool opens connections with `cached_statements=True`, a statement
+    cache of size 1: every statement of an append alternating with another is parsed and
+    planned again, tens of microseconds each, which made each statement added to an append
+    (the step journal's insert) cost as much as the write itself. Same connection settings
+    otherwise (autocommit, WAL, rows by name).
+    """
+
+    def create() -> SQLiteConnection:
+        try:
+            raw = sqlite3.connect(
+                database=pool.db_name,
+                uri=True,
+                check_same_thread=False,
+                isolation_level=None,
+                cached_statements=STATEMENT_CACHE,
+                timeout=pool.lock_timeout or BUSY_TIMEOUT_SECONDS,
+            )
+        except (sqlite3.Error, TypeError) as e:
+            raise InterfaceError(e) from e
+        if not pool.is_sqlite_memory_mode and not pool.is_journal_mode_wal:
+            raw.execute("PRAGMA journal_mode=WAL")
+            pool.is_journal_mode_wal = True
+        raw.row_factory = sqlite3.Row
+        return SQLiteConnection(sqlite_conn=raw, max_age=pool.max_age)
+
+    pool._create_connection = create  # type: ignore[method-assign]
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -122,6 +154,7 @@ class SQLiteRunStore(ClaimsOne):
             max_overflow=pool_size,
             pool_timeout=BUSY_TIMEOUT_SECONDS,
         )
+        _cache_statements(self.datastore.pool)
         self.q = queries(self.backend)
         self._lock_fd: int | None = None
         if not self.db_name.startswith("file:"):
@@ -280,7 +313,9 @@ class SQLiteRunStore(ClaimsOne):
             params["at"] = at
             cur.executemany(self.q["insert_events"], events)
             cur.execute(self.q["update_run"], params)
-            if journal:
+            if len(journal) == 1:
+                cur.execute(self.q["insert_journal"], journal[0])
+            elif journal:
                 cur.executemany(self.q["insert_journal"], journal)
             if resumable is not None:
                 cur.execute(

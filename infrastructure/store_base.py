@@ -73,14 +73,14 @@ def journal_rows(run: Run) -> list[dict[str, Any]]:
         return []
     return [
         {
-            "seq": e.seq,
+            "seq": seq,
             "position": e.position,
             "kind": e.kind,
             "name": e.name,
             "fingerprint": e.fingerprint,
             "outcome": e.outcome(),
         }
-        for e in run.pending_journal
+        for seq, e in run.pending_journal
     ]
 
 

@@ -41,12 +41,21 @@ from steptrail.domain.errors import (
     StoreUnavailable,
     UnknownRun,
 )
+from steptrail.domain.journal import NonDeterministic, ReplayedError
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
 from steptrail.workers.async_context import AsyncRunContext
-from steptrail.workers.context import AwaitableInSyncStep, Recorded, RunContext, RunFailed
+from steptrail.workers.context import (
+    AwaitableInSyncStep,
+    Recorded,
+    Resumption,
+    RunContext,
+    RunFailed,
+    RunTimedOut,
+    StepTimedOut,
+)
 from steptrail.workers.execute import AwaitableAgent, LoopAlreadyRunning, SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
@@ -71,18 +80,23 @@ __all__ = [
     "InvalidRequest",
     "LeaseLost",
     "LoopAlreadyRunning",
+    "NonDeterministic",
     "Outcome",
     "PrivacyLevel",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
+    "ReplayedError",
+    "Resumption",
     "RunContext",
     "RunFailed",
     "RunRow",
     "RunStatus",
+    "RunTimedOut",
     "Runtime",
     "SegmentResult",
     "Settings",
+    "StepTimedOut",
     "StoreUnavailable",
     "TerminationReason",
     "UnknownAgent",

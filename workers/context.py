@@ -745,7 +745,6 @@ def _entry(
     classify_error: Callable[[BaseException], FailureClass],
 ) -> JournalEntry:
     """The journal entry of a finished step: its value as JSON, or its error."""
-    base = JournalEntry(0, position, call.kind, call.name, call.fingerprint)
     if error is not None:
         message = error.original_message if isinstance(error, ReplayedError) else str(error)
         return JournalEntry(
@@ -760,10 +759,9 @@ def _entry(
         )
     value = jsonable(result)
     try:
-        canonical_json(value)
+        return JournalEntry.of_value(position, call, value)
     except ValueError:  # NaN or infinity: JSON has no word for them
-        value = str(value)
-    return JournalEntry(base.seq, position, base.kind, base.name, base.fingerprint, value=value)
+        return JournalEntry.of_value(position, call, str(value))
 
 
 def _replayed(entry: JournalEntry) -> Any:

@@ -160,7 +160,8 @@ def test_code_change__run_fails_non_deterministic_with_nothing_replayed(db_url: 
     1 than the journal recorded, and the run dead-letters non_deterministic without the
     agent ever receiving the recorded result."""
     version, seen = {"v": 1}, []
-    rt = make_runtime(db_url, app=changing_app(version, seen))
+    # A retry delay long enough that the first burst ends before the retry is due.
+    rt = make_runtime(db_url, app=changing_app(version, seen), retry_base_seconds=0.5)
     try:
         run_id = rt.enqueue("changing", {})
         rt.work(burst=True)
@@ -196,7 +197,7 @@ def test_code_change__swallowed_mismatch_still_fails_the_run(db_url: str) -> Non
             raise ConnectionError("again")
         return {}
 
-    rt = make_runtime(db_url, app=app)
+    rt = make_runtime(db_url, app=app, retry_base_seconds=0.5)
     try:
         run_id = rt.enqueue("swallower", {})
         rt.work(burst=True)

@@ -19,13 +19,13 @@ ENTRY = JournalEntry(0, 1, "llm", "think", "f" * 16, value="thought")
 
 
 def test_record_step__journal_entry_pending_with_its_seq() -> None:
-    """A step's journal entry is pending with the event, numbered with the step's seq."""
+    """A step's journal entry is pending with the event, paired with the step's seq."""
     run = running()
     run.record_step(kind="llm", name="a", duration_ms=1)
     seq = run.record_step(kind="llm", name="think", duration_ms=1, journal=ENTRY)
     assert seq == 2
-    assert [e.seq for e in run.pending_journal] == [2]
-    assert run.pending_journal[0].value == "thought"
+    assert [seq for seq, _ in run.pending_journal] == [2]
+    assert run.pending_journal[0][1].value == "thought"
 
 
 def test_restore__drops_journal_entries_after_the_checkpoint() -> None:
@@ -35,7 +35,7 @@ def test_restore__drops_journal_entries_after_the_checkpoint() -> None:
     checkpoint = run.checkpoint()
     run.record_step(kind="llm", name="b", duration_ms=1, journal=ENTRY)
     run.restore(checkpoint)
-    assert [e.seq for e in run.pending_journal] == [1]
+    assert [seq for seq, _ in run.pending_journal] == [1]
 
 
 def test_mark_committed__clears_pending_journal() -> None:

@@ -3,6 +3,8 @@
 -- state-grade content: written in the same transaction as the step's StepRecorded, deleted in
 -- the transaction that settles the run, and by purge with the run. `position` is which step
 -- call of the agent's execution the entry answers; `outcome` is JSON (a value or an error).
+-- No foreign key to the run index: journal rows are only written by steptrail_append after
+-- its fence found the run's row, and a key check per row would cost the hot path for nothing.
 CREATE TABLE steptrail_journal (
     run_id uuid NOT NULL,
     seq bigint NOT NULL,
@@ -11,9 +13,7 @@ CREATE TABLE steptrail_journal (
     name text NOT NULL,
     fingerprint text NOT NULL,
     outcome bytea NOT NULL,
-    PRIMARY KEY (run_id, seq),
-    CONSTRAINT steptrail_journal_run_fk FOREIGN KEY (run_id)
-        REFERENCES steptrail_runs (run_id) DEFERRABLE INITIALLY DEFERRED
+    PRIMARY KEY (run_id, seq)
 );
 
 -- steptrail_append gains the journal rows (one round trip still carries a step's record and
