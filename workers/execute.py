@@ -136,10 +136,11 @@ class Executor:
     ) -> SegmentResult:
         """Run the agent of `run` as a coroutine on the running loop and settle it. Every
         store call (the journal read, appends, the settle) runs on `self.threads`; the loop
-        never blocks on the store. A synchronous agent runs on a store thread instead."""
+        never blocks on the store. A synchronous agent runs on a thread of its own (not a
+        store thread: it may take minutes)."""
         spec = self.app.get(run.state.agent)
         if not spec.is_async:
-            return await self.threads.call(self.execute, run, request, resumable=resumable)
+            return await asyncio.to_thread(self.execute, run, request, resumable=resumable)
         segment, core = await self.threads.call(self._open, spec, run, request, resumable)
         ctx = AsyncRunContext(core, self.threads)
         deactivate = ctx.activate()

@@ -708,3 +708,29 @@ def test_async_approval_in_flow__resume_replays_and_returns_the_decision(db_url:
         }
     finally:
         rt.close()
+
+
+def test_open_async__sync_agents_run_off_the_loop(db_url: str) -> None:
+    """Through the async facade a sync agent (the built-in scripted one) runs on a thread of
+    its own, never on the caller's loop, and completes."""
+    seen: list[str] = []
+    app = App()
+
+    @app.agent("sync_probe")
+    def sync_probe(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        seen.append(threading.current_thread().name)
+        ctx.step("probe", "one", lambda: 1)
+        return {}
+
+    async def scenario() -> tuple[Outcome, str]:
+        settings = steptrail.Settings(**{**FAST, "database_url": db_url})
+        async with steptrail.open_async(app, settings=settings) as rt:
+            started = await rt.start("sync_probe", {})
+            scripted = await rt.start("scripted", {"steps": 2})
+            assert scripted.outcome is Outcome.COMPLETED
+            return started.outcome, threading.current_thread().name
+
+    outcome, loop_thread = asyncio.run(scenario())
+    assert outcome is Outcome.COMPLETED
+    assert seen and seen[0] != loop_thread
+    assert not seen[0].startswith("steptrail-store")
