@@ -732,5 +732,6 @@ def test_open_async__sync_agents_run_off_the_loop(db_url: str) -> None:
 
     outcome, loop_thread = asyncio.run(scenario())
     assert outcome is Outcome.COMPLETED
-    assert seen and seen[0] != loop_thread
+    assert len(seen) == 1
+    assert seen[0] != loop_thread
     assert not seen[0].startswith("steptrail-store")
