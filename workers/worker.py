@@ -152,8 +152,8 @@ class Worker:
                         )
                     else:
                         pool.submit(self._execute, executor, item)
-            # Stopping: the thread pool's exit waited for the threaded runs; wait for the
-            # tasks too, so a graceful stop finishes every run in flight.
+            # Stopping: wait for every run in flight, threads and tasks alike, so a graceful
+            # stop finishes them all before the loop and the store threads go away.
             with self._slot_freed:
                 while self._in_flight:
                     self._slot_freed.wait(0.5)
