@@ -69,18 +69,21 @@ def claim(runtime: Runtime) -> Run:
 BATCH = 25
 
 
-def append_rates(runtime: Runtime, k: int) -> tuple[float, float]:
-    """(appends/s without, with the journal): K x (record_step + store.append) on each of two
-    claimed runs, alternating in batches of 25 so that the machine's load hits both alike."""
+def append_rates(runtime: Runtime, k: int) -> tuple[float, float, float, float]:
+    """(appends/s without, with the journal; CPU µs per append without, with): K x
+    (record_step + store.append) on each of two claimed runs, alternating in batches of 25
+    so that the machine's load hits both alike. CPU is this thread's (user + system), which
+    on SQLite is the whole append and does not count time spent waiting for a core."""
     plain, journaled = claim(runtime), claim(runtime)
     payloads = [step_payload(i) for i in range(1, k + 1)]
     calls = [StepCall("llm", f"think-{i}", fingerprint(p)) for i, p in enumerate(payloads, 1)]
     spent = {False: 0.0, True: 0.0}
+    cpu = {False: 0.0, True: 0.0}
     for first in range(0, k, BATCH):
         order = (False, True) if (first // BATCH) % 2 == 0 else (True, False)
         for with_journal in order:
             run = journaled if with_journal else plain
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             for i in range(first, min(first + BATCH, k)):
                 run.record_step(
                     kind="llm",
@@ -96,10 +99,11 @@ def append_rates(runtime: Runtime, k: int) -> tuple[float, float]:
                 )
                 runtime.store.append(run)
             spent[with_journal] += time.perf_counter() - started
+            cpu[with_journal] += time.thread_time() - cpu_started
     for run in (plain, journaled):
         run.complete(result={"steps": k}, privacy=PrivacyLevel.METADATA)
         runtime.store.append(run)
-    return k / spent[False], k / spent[True]
+    return k / spent[False], k / spent[True], cpu[False] / k * 1e6, cpu[True] / k * 1e6
 
 
 def context(runtime: Runtime, run: Run, journal: JournalCursor) -> tuple[Segment, RunContext]:
@@ -152,12 +156,15 @@ def replay_times(runtime: Runtime, n: int) -> tuple[float, float]:
 
 def bench_backend(url: str, k: int) -> dict[str, float]:
     with open_runtime(settings=steptrail_settings(url)) as runtime:
-        without, with_journal = append_rates(runtime, k)
+        without, with_journal, cpu_without, cpu_with = append_rates(runtime, k)
         original, replay = replay_times(runtime, REPLAY_STEPS)
     return {
         "append_without": without,
         "append_with": with_journal,
         "ratio_append": with_journal / without,
+        "cpu_us_without": cpu_without,
+        "cpu_us_with": cpu_with,
+        "ratio_append_cpu": cpu_without / cpu_with,
         "original_s": original,
         "replay_s": replay,
         "ratio_replay": replay / original,
@@ -197,13 +204,18 @@ def main() -> int:
         med = {key: statistics.median(f[key] for f in figures) for key in figures[0]}
         spread = {
             key: (min(f[key] for f in figures), max(f[key] for f in figures))
-            for key in ("ratio_append", "ratio_replay")
+            for key in ("ratio_append", "ratio_append_cpu", "ratio_replay")
         }
         summary[backend] = {"median": med, "rounds": figures}
         print(
             f"{backend:8s} append without journal {med['append_without']:8.0f}/s, "
             f"with {med['append_with']:8.0f}/s: ratio {med['ratio_append']:.2f} "
             f"({spread['ratio_append'][0]:.2f}-{spread['ratio_append'][1]:.2f}; target >= 0.85)"
+        )
+        print(
+            f"{'':8s} CPU per append without {med['cpu_us_without']:6.0f} us, "
+            f"with {med['cpu_us_with']:6.0f} us: ratio {med['ratio_append_cpu']:.2f} "
+            f"({spread['ratio_append_cpu'][0]:.2f}-{spread['ratio_append_cpu'][1]:.2f})"
         )
         print(
             f"{'':8s} {REPLAY_STEPS}-step run: appends {med['original_s'] * 1000:8.1f} ms, "

@@ -164,10 +164,13 @@ class JournalCursor:
 
     def __init__(self, entries: Iterable[JournalEntry] = ()) -> None:
         by_position: dict[int, JournalEntry] = {}
+        top = 0
         for entry in sorted(entries, key=lambda e: e.seq):
-            for later in [p for p in by_position if p >= entry.position]:
-                del by_position[later]
+            if entry.position <= top:  # a later segment ran this position again
+                for later in [p for p in by_position if p >= entry.position]:
+                    del by_position[later]
             by_position[entry.position] = entry
+            top = entry.position
         ordered = [by_position[p] for p in sorted(by_position)]
         # Only a contiguous prefix 1..n can be replayed by position.
         prefix: list[JournalEntry] = []

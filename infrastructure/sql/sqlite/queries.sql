@@ -71,8 +71,9 @@ DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
 -- name: insert_journal
 -- SQLite only: part of an append, like insert_events (PostgreSQL: steptrail_append).
+-- Positional parameters (in this column order): it runs with every step.
 INSERT INTO steptrail_journal (run_id, seq, position, kind, name, fingerprint, outcome)
-VALUES (:run_id, :seq, :position, :kind, :name, :fingerprint, :outcome);
+VALUES (?, ?, ?, ?, ?, ?, ?);
 
 -- name: drop_journal
 -- SQLite only: settling deletes the journal in the same transaction (PostgreSQL:
