@@ -5,7 +5,9 @@ It holds a `RunContext` (the core) and adds only *how to wait*: every part of a 
 touches the segment or the journal — replay lookup, the boundary append before it, the
 pending-effect marker of a write tool, the record and journal entry after it, a decision
 taken or a suspension — runs as a method of the core on a store thread (`StoreThreads`),
-while the step's own callable is awaited on the event loop. Replay, fencing, the boundary
+while the step's own callable is awaited on the event loop. (A step's record, which only
+touches memory until the next boundary, is kept on the loop when the segment's lock is free
+at once; it never waits for it there.) Replay, fencing, the boundary
 rule, ambiguity and self-fencing, markers, records, privacy and deadlines are therefore the
 sync code path itself, not a copy (ADR 0022); a deadline cancels the awaiting task instead
 of abandoning a thread. A step callable may be a coroutine function or a plain one;
@@ -272,15 +274,20 @@ class AsyncRunContext:
     async def _run(self, opened: LiveStep | Replayed, fn: Callable[[], Any]) -> Any:
         if isinstance(opened, Replayed):
             return opened.value
-        close = self._core.close_step
+        core = self._core
         try:
             outcome = fn()
             if inspect.isawaitable(outcome):
                 outcome = await self._awaited(opened, outcome)
         except Exception as error:
-            await self._threads.call(close, opened, error=error)
+            done, _ = core.close_step_nowait(opened, error=error)
+            if not done:
+                await self._threads.call(core.close_step, opened, error=error)
             raise
-        return await self._threads.call(close, opened, outcome=outcome)
+        done, value = core.close_step_nowait(opened, outcome=outcome)
+        if done:
+            return value
+        return await self._threads.call(core.close_step, opened, outcome=outcome)
 
     async def _awaited(self, step: LiveStep, awaitable: Awaitable[Any]) -> Any:
         """`awaitable`'s outcome; past the step's deadline it is cancelled (ADR 0015)."""

@@ -593,6 +593,21 @@ class RunContext:
             self._segment.boundary()  # the write's result, durable now (ADR 0014)
         return value
 
+    def close_step_nowait(
+        self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None
+    ) -> tuple[bool, Any]:
+        """`close_step` now if it needs no store call (not a write) and nobody holds the
+        segment (the lease keeper may be appending): `(True, value)`. Otherwise `(False,
+        None)` with nothing done: call `close_step` where blocking is fine. The async context
+        uses this to skip a thread hand-off for most steps without ever blocking its loop."""
+        lock = self._segment.lock
+        if step.write or not lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, self.close_step(step, outcome=outcome, error=error)
+        finally:
+            lock.release()
+
     @contextmanager
     def renewing_until(self, seconds: float) -> Iterator[None]:
         """While a step with a deadline `seconds` away runs, the lease keeper renews only
