@@ -141,7 +141,10 @@ class Executor:
         spec = self.app.get(run.state.agent)
         if not spec.is_async:
             return await asyncio.to_thread(self.execute, run, request, resumable=resumable)
-        segment, core = await self.threads.call(self._open, spec, run, request, resumable)
+        if run.state.steps:  # reads its journal: a store call
+            segment, core = await self.threads.call(self._open, spec, run, request, resumable)
+        else:  # a fresh run has no journal: nothing here touches the store
+            segment, core = self._open(spec, run, request, resumable)
         ctx = AsyncRunContext(core, self.threads)
         deactivate = ctx.activate()
         try:
@@ -310,9 +313,14 @@ class Executor:
         return SegmentResult(run.id, outcome, status, run.committed_version)
 
 
+def has_resumable(run: Run) -> bool:
+    """Whether `resumable_of` has state to read for `run` (a store call)."""
+    return run.state.decision is not None and run.state.has_resumable_state
+
+
 def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
     """The saved resumable state a decided run resumes with, or None for a fresh segment."""
-    if run.state.decision is None or not run.state.has_resumable_state:
+    if not has_resumable(run):
         return None
     body = store.saved(run.id, "resumable")
     if body is None:

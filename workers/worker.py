@@ -32,6 +32,7 @@ from steptrail.workers.execute import (
     Executor,
     SegmentResult,
     decode_request,
+    has_resumable,
     resumable_of,
 )
 from steptrail.workers.lease import LeaseKeeper
@@ -179,7 +180,9 @@ class Worker:
         log = self._claimed(claimed)
         try:
             request = _request_of(claimed)
-            resumable = await self._threads.call(resumable_of, self.store, claimed.run)
+            resumable = None
+            if has_resumable(claimed.run):
+                resumable = await self._threads.call(resumable_of, self.store, claimed.run)
             result = await executor.execute_async(claimed.run, request, resumable=resumable)
             self._finished(log, result)
         except Exception:  # noqa: BLE001 - as in `_execute`
