@@ -228,7 +228,10 @@ class PostgresRunStore(ClaimsOne):
         return self.saved(run_id, REQUEST)
 
     def stale(self, limit: int) -> list[Run]:
-        with self._connection() as conn:
+        """Running runs whose lease expired, judged after every write already queued has
+        landed (ADR 0016): a renewal that waited on a lock is not mistaken for a dead worker."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_for_reaper"])
             rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
             return [run_from_row(r) for r in rows]
 

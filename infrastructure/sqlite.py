@@ -346,8 +346,10 @@ class SQLiteRunStore(ClaimsOne):
         return self.saved(run_id, REQUEST)
 
     def stale(self, limit: int) -> list[Run]:
-        with self._read() as cur:
-            cur.execute(self.q["select_stale"], {"now": now_us(), "limit": limit})
+        """Running runs whose lease expired, read inside the write lock so that a renewal
+        that got the lock first is seen (ADR 0016)."""
+        with self._write() as (cur, at):
+            cur.execute(self.q["select_stale"], {"now": at, "limit": limit})
             return [run_from_row(r) for r in cur.fetchall()]
 
     def history(self, run_id: UUID) -> list[RecordedEvent]:

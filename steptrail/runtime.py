@@ -8,6 +8,7 @@ cancel, get, history.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -137,8 +138,9 @@ class Runtime:
             holder=holder_name("interactive"),
             lease_ms=self.settings.lease_ms,
         )
+        sent = time.monotonic()  # the lease is counted from here (ADR 0016)
         self.store.create(run, request=None)
-        return self._executor().execute(run, json.loads(body))
+        return self._executor().execute(run, json.loads(body), lease_from=sent)
 
     def worker(
         self,

@@ -15,6 +15,7 @@ conflicts and is refused as "already resuming".
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -143,6 +144,7 @@ class Decisions:
             run.resume(holder=holder, lease_ms=self.lease_ms)
         else:
             run.release(actor=by)
+        sent = time.monotonic()  # the resumed lease is counted from here (ADR 0016)
         try:
             self.store.append(run, resumable=new_body)
         except VersionConflict:
@@ -154,7 +156,9 @@ class Decisions:
         if mode == "queue":
             return SegmentResult(run.id, Outcome.REQUEUED, run.status, run.version)
         request = decode_request(self.store.saved(run_id, "request") or b"")
-        return self.executor().execute(run, request, resumable=saved.model_dump(mode="json"))
+        return self.executor().execute(
+            run, request, resumable=saved.model_dump(mode="json"), lease_from=sent
+        )
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -72,11 +72,15 @@ class Executor:
         request: dict[str, Any],
         *,
         resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
     ) -> SegmentResult:
-        """Run the agent of `run` (held by this process) and settle it."""
+        """Run the agent of `run` (held by this process) and settle it. `lease_from` is
+        when the write that gave this process the lease was sent (`time.monotonic()`)."""
         spec = self.app.get(run.state.agent)
         privacy = spec.privacy or self.config.privacy
-        segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
+        segment = Segment(
+            self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
+        )
         ctx = RunContext(
             segment,
             request=request,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -105,6 +106,7 @@ class Worker:
                     if free == 0:
                         self._slot_freed.wait(0.5)
                         continue
+                sent = time.monotonic()  # claimed leases are counted from here (ADR 0016)
                 try:
                     # As many runs as there are free slots, in one round trip (capped, so one
                     # process does not hoard a burst that its peers could start sooner).
@@ -131,12 +133,12 @@ class Worker:
                     self._in_flight += len(claimed)
                     self.report.claimed += len(claimed)
                 for item in claimed:
-                    pool.submit(self._execute, executor, item)
+                    pool.submit(self._execute, executor, item, sent)
         keeper.close()
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
 
-    def _execute(self, executor: Executor, claimed: ClaimedRun) -> None:
+    def _execute(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
         run = claimed.run
         log = self.log.bind(run_id=str(run.id), version=run.version)
         try:
@@ -145,7 +147,9 @@ class Worker:
                 request = decode_request(claimed.request)
             except ValueError:
                 request = {}
-            result = executor.execute(run, request, resumable=resumable_of(self.store, run))
+            result = executor.execute(
+                run, request, resumable=resumable_of(self.store, run), lease_from=sent
+            )
             log.info("segment_finished", outcome=result.outcome.value, version=result.version)
             with self._slot_freed:
                 self.report.outcomes[result.outcome.value] += 1

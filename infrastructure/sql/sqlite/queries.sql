@@ -107,6 +107,11 @@ SELECT * FROM steptrail_runs WHERE idempotency_key = :idempotency_key;
 -- name: select_saved
 SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
 
+-- name: lock_for_reaper
+-- PostgreSQL locks its tables here so the reaper's scan queues behind writers in flight; on
+-- SQLite the scan runs inside the write transaction (BEGIN IMMEDIATE), which is the same.
+SELECT 1;
+
 -- name: select_stale
 SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
 WHERE status = 'running' AND lease_expires_at < :now
