@@ -56,11 +56,9 @@ class LeaseLost(BaseException):  # a signal, like CancelledError, not an error
 
 @dataclass(frozen=True)
 class _Doubt:
-    """An append whose reply was lost: the state it would leave, how many of the pending
-    events it carried, and when it was sent."""
+    """An append whose reply was lost: the state it would leave and when it was sent."""
 
     state: RunState
-    count: int
     sent: float
 
 
@@ -212,7 +210,7 @@ class Segment:
                     self._lose_to_whoever_appended()
                 except StoreUnavailable as error:
                     self.log.warning("store_unavailable", error=type(error).__name__)
-                    self._doubt = _Doubt(self.run.state, len(batch), sent)
+                    self._doubt = _Doubt(self.run.state, sent)
                     continue  # settle it now: often the store is back at once
                 self.last_ok = sent
                 self._log_recorded(batch)
@@ -246,8 +244,11 @@ class Segment:
             self._lose(Outcome.LEASE_LOST, "the run no longer exists")
         assert current is not None
         if current.version == doubt.state.version and current.state == doubt.state:
-            landed = self.run.pending_events[: doubt.count]
-            self.run.mark_committed_first(doubt.count)
+            # Counted by versions: a store that marked the run before its reply was lost
+            # has already moved `committed_version`.
+            count = max(0, doubt.state.version - self.run.committed_version)
+            landed = self.run.pending_events[:count]
+            self.run.mark_committed_first(count)
             self._log_recorded(landed)
             self.last_ok = doubt.sent
             return True
