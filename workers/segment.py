@@ -168,7 +168,9 @@ class Segment:
         if not self.lock.acquire(blocking=False):
             return
         try:
-            if self.lost is not None:
+            # A settled run (between its settle and the keeper's untrack) or one parked for a
+            # decision holds no lease any more: nothing to renew.
+            if self.lost is not None or self.run.status is not RunStatus.RUNNING:
                 return
             checkpoint = self.run.checkpoint()
             if not self.run.pending_events:
