@@ -112,7 +112,8 @@ def test_lease_clock__reaper_waits_for_a_queued_renewal(store: Any, db_url: str)
         time.sleep(WAIT_S - LEASE_MS / 1000)
     beat.join(10)
     reap.join(10)
-    assert "error" not in beat_box and "error" not in reap_box, (beat_box, reap_box)
+    assert "error" not in beat_box, beat_box
+    assert "error" not in reap_box, reap_box
     assert reap_box["value"].requeued == 0
     assert store.row(run.id).status is RunStatus.RUNNING
     assert store.row(run.id).state.version == run.version

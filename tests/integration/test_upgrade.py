@@ -30,7 +30,7 @@ VERSIONS = sorted(int(p.stem[1:]) for p in FIXTURES.glob("v*.db"))
 def test_fixtures__one_per_backend_for_every_version() -> None:
     """Every fixture version exists for both backends, from schema 1 on."""
     sql = sorted(int(p.stem[1:]) for p in FIXTURES.glob("v*.sql"))
-    assert VERSIONS == sql
+    assert sql == VERSIONS
     assert VERSIONS[:4] == [1, 2, 3, 4]
 
 
@@ -53,9 +53,18 @@ def upgraded(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> It
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
         subprocess.run(
-            ["psql", "-q", "-X", "-v", "ON_ERROR_STOP=1", "-f", str(FIXTURES / f"v{version}.sql"),
-             url],
-            check=True, capture_output=True,
+            [
+                "psql",
+                "-q",
+                "-X",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-f",
+                str(FIXTURES / f"v{version}.sql"),
+                url,
+            ],
+            check=True,
+            capture_output=True,
         )
         rt = make_runtime(url, app=app)
         try:

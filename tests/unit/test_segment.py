@@ -94,7 +94,11 @@ def test_segment__lease_from_the_claims_send() -> None:
     """A segment made after a claim counts its lease from the claim's send."""
     segment, _, clock = running_segment()
     again = Segment(
-        segment.store, segment.run, lease_s=3.0, log=structlog.get_logger(), clock=clock,
+        segment.store,
+        segment.run,
+        lease_s=3.0,
+        log=structlog.get_logger(),
+        clock=clock,
         lease_from=clock.now - 1.0,
     )
     assert again.last_ok == clock.now - 1.0

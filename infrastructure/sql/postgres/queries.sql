@@ -203,10 +203,20 @@ ON CONFLICT (projection) DO NOTHING;
 SELECT position, position_tx FROM steptrail_tracking
 WHERE projection = %(projection)s FOR UPDATE;
 -- name: select_tracking
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = %(projection)s;
--- name: update_tracking
-UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
 WHERE projection = %(projection)s;
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s,
+    failures = 0, last_error = NULL
+WHERE projection = %(projection)s;
+-- name: record_view_failure
+-- A batch that failed (rolled back) is counted here in a transaction of its own, so an
+-- operator sees a runner that keeps failing (`steptrail stats`, metrics); the next batch that
+-- commits clears it.
+INSERT INTO steptrail_tracking (projection, position, failures, last_error)
+VALUES (%(projection)s, 0, 1, %(error)s)
+ON CONFLICT (projection) DO UPDATE
+SET failures = steptrail_tracking.failures + 1, last_error = EXCLUDED.last_error;
 -- name: select_notifications
 -- The log in commit-safe order (ADR 0012). Without a global lock a lower notification id can
 -- commit after a higher one, so the log is read by (inserting transaction, id), and only

@@ -163,12 +163,20 @@ ON CONFLICT (projection) DO NOTHING;
 
 -- name: lock_tracking
 -- SQLite: the IMMEDIATE transaction already excludes other runners.
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = :projection;
--- name: select_tracking
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = :projection;
--- name: update_tracking
-UPDATE steptrail_tracking SET position = :position, position_tx = :position_tx
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
 WHERE projection = :projection;
+-- name: select_tracking
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
+WHERE projection = :projection;
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = :position, position_tx = :position_tx,
+    failures = 0, last_error = NULL
+WHERE projection = :projection;
+-- name: record_view_failure
+INSERT INTO steptrail_tracking (projection, position, failures, last_error)
+VALUES (:projection, 0, 1, :error)
+ON CONFLICT (projection) DO UPDATE
+SET failures = steptrail_tracking.failures + 1, last_error = excluded.last_error;
 -- name: select_notifications
 -- SQLite writers are serialised, so ids commit in order and the transaction part of the
 -- position is always 0; AUTOINCREMENT never reuses an id.
