@@ -322,6 +322,13 @@ class PostgresRunStore(ClaimsOne):
         row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
         return int(row["n"]) if row is not None else 0
 
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._connection() as conn:
+            rows = conn.execute(
+                self.q["select_live_purgeable"], {"statuses": list(statuses), "cutoff": cutoff}
+            )
+            return [r["run_id"] for r in rows]
+
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
     ) -> list[UUID]:

@@ -433,9 +433,18 @@ class SQLiteRunStore(ClaimsOne):
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
         row = self._one(
-            "count_purgeable", {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff)}
+            "count_purgeable",
+            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": now_us()},
         )
         return int(row["n"]) if row is not None else 0
+
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._read() as cur:
+            cur.execute(
+                self.q["select_live_purgeable"],
+                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": now_us()},
+            )
+            return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
@@ -445,7 +454,12 @@ class SQLiteRunStore(ClaimsOne):
         with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
-                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "limit": limit},
+                {
+                    "statuses": json.dumps(list(statuses)),
+                    "cutoff": to_us(cutoff),
+                    "limit": limit,
+                    "now": at,
+                },
             )
             ids = [UUID(r["run_id"]) for r in cur.fetchall()]
             if ids:

@@ -302,14 +302,26 @@ SELECT
 
 -- name: count_purgeable
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[]);
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND NOT (status = 'running' AND lease_expires_at >= now());
+
+-- name: select_live_purgeable
+-- Runs in the window that a worker holds under a live lease: never purged (a write tool in
+-- flight would lose its marker), reported as skipped.
+SELECT run_id FROM steptrail_runs
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND status = 'running' AND lease_expires_at >= now()
+ORDER BY created_at, run_id;
 
 -- name: select_purgeable
 -- Oldest first, each row locked: a writer of one of these runs waits, then finds it gone
 -- (its append fails like any fenced append). A row whose status changed meanwhile is
--- re-checked against the condition and skipped if it no longer matches.
+-- re-checked against the condition and skipped if it no longer matches. A run held under a
+-- live lease is never purged: a renewal that landed while we waited for the row makes the
+-- re-check fail.
 SELECT run_id FROM steptrail_runs
 WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND NOT (status = 'running' AND lease_expires_at >= now())
 ORDER BY created_at, run_id
 LIMIT %(limit)s
 FOR UPDATE;

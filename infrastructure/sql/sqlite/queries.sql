@@ -258,11 +258,21 @@ SELECT
 
 -- name: count_purgeable
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses));
+WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+  AND NOT (status = 'running' AND lease_expires_at >= :now);
+
+-- name: select_live_purgeable
+-- Runs in the window that a worker holds under a live lease: never purged (a write tool in
+-- flight would lose its marker), reported as skipped.
+SELECT run_id FROM steptrail_runs
+WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+  AND status = 'running' AND lease_expires_at >= :now
+ORDER BY created_at, run_id;
 
 -- name: select_purgeable
 SELECT run_id FROM steptrail_runs
 WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+  AND NOT (status = 'running' AND lease_expires_at >= :now)
 ORDER BY created_at, run_id
 LIMIT :limit;
 
