@@ -33,14 +33,18 @@ from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import Outcome, WaitKind
 from steptrail.domain.errors import (
     DigestMismatch,
-    DomainError,
     IllegalTransition,
     UnknownRun,
     VersionConflict,
 )
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
-from steptrail.workers.execute import Executor, SegmentResult, decode_request
+from steptrail.workers.execute import (
+    CorruptResumableState,
+    Executor,
+    SegmentResult,
+    decode_request,
+)
 from steptrail.workers.worker import holder_name
 
 ResumeMode = Literal["auto", "here", "queue"]
@@ -48,10 +52,6 @@ ResumeMode = Literal["auto", "here", "queue"]
 
 class AlreadyResuming(IllegalTransition):
     """Somebody else decided this run first; it is already resuming."""
-
-
-class CorruptResumableState(DomainError):
-    """The saved resumable state is unreadable or does not match what the run waits on."""
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,17 @@ from typing import Any
 from uuid import UUID
 
 import structlog
+from pydantic import ValidationError
 
 from steptrail.domain.classifier import Classifier
-from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.decisions import ResumableState, state_digest
+from steptrail.domain.enums import (
+    FailureClass,
+    Outcome,
+    PrivacyLevel,
+    RunStatus,
+)
+from steptrail.domain.errors import DomainError
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
@@ -191,15 +199,36 @@ class Executor:
         return SegmentResult(run.id, outcome, status, run.committed_version)
 
 
+class CorruptResumableState(DomainError):
+    """The saved resumable state is unreadable or does not match what the run waits on."""
+
+
 def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
-    """The saved resumable state a decided run resumes with, or None for a fresh segment."""
-    if run.state.decision is None or not run.state.has_resumable_state:
+    """The saved resumable state a decided run resumes with, or None for a fresh segment.
+
+    The state is read again when the resumed segment starts (a worker picked the run off the
+    queue, maybe hours after the decision), so it is checked again against the digest the
+    decision was bound to: calls changed in the database since the approval must not run.
+
+    Raises:
+        CorruptResumableState: unreadable, or not what the decision was about.
+    """
+    decision = run.state.decision
+    if decision is None or not run.state.has_resumable_state:
         return None
     body = store.saved(run.id, "resumable")
     if body is None:
         return None
-    value = json.loads(body)
-    return value if isinstance(value, dict) else None
+    try:
+        saved = ResumableState.model_validate(json.loads(body))
+    except (ValueError, ValidationError):
+        raise CorruptResumableState(f"the resumable state of run {run.id} is unreadable") from None
+    if saved.kind is not decision.kind or state_digest(saved) != decision.digest:
+        raise CorruptResumableState(
+            f"the resumable state of run {run.id} does not match the digest its decision "
+            "was bound to"
+        )
+    return saved.model_dump(mode="json")
 
 
 def decode_request(body: bytes) -> dict[str, Any]:

@@ -20,10 +20,12 @@ from uuid import uuid4
 
 import structlog
 
-from steptrail.domain.enums import Outcome
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.enums import Outcome, TerminationReason
+from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RunStore
+from steptrail.domain.run import Run
 from steptrail.workers.execute import (
+    CorruptResumableState,
     ExecutionConfig,
     Executor,
     SegmentResult,
@@ -138,6 +140,23 @@ class Worker:
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
 
+    def _refuse(self, run: Run, error: CorruptResumableState) -> SegmentResult:
+        """A resumed run whose saved calls no longer match its decision's digest must not
+        act: it is dead-lettered (not retryable: no retry makes the calls approved)."""
+        self.log.error(
+            "resumable_state_refused", run_id=str(run.id), version=run.version, why=str(error)
+        )
+        run.dead_letter(
+            actor=self.holder,
+            reason=TerminationReason.NOT_RETRYABLE,
+            cause="resumable_state_mismatch",
+        )
+        try:
+            self.store.append(run)
+        except (VersionConflict, StoreUnavailable):
+            return SegmentResult(run.id, Outcome.LEASE_LOST, run.status, run.committed_version)
+        return SegmentResult(run.id, Outcome.FAILED, run.status, run.version)
+
     def _execute(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
         run = claimed.run
         log = self.log.bind(run_id=str(run.id), version=run.version)
@@ -147,9 +166,12 @@ class Worker:
                 request = decode_request(claimed.request)
             except ValueError:
                 request = {}
-            result = executor.execute(
-                run, request, resumable=resumable_of(self.store, run), lease_from=sent
-            )
+            try:
+                resumable = resumable_of(self.store, run)
+            except CorruptResumableState as error:
+                result = self._refuse(run, error)
+            else:
+                result = executor.execute(run, request, resumable=resumable, lease_from=sent)
             log.info("segment_finished", outcome=result.outcome.value, version=result.version)
             with self._slot_freed:
                 self.report.outcomes[result.outcome.value] += 1
