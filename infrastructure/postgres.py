@@ -265,6 +265,15 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn, conn.transaction():
             yield from self._log(conn)
 
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one REPEATABLE READ
+        snapshot, so writers in between cannot look like drift."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["snapshot_for_verify"])
+            live = [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
+            rebuilt = list(rebuild_rows(self._log(conn)))
+        return live, rebuilt
+
     def _log(self, conn: psycopg.Connection[DictRow]) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur = conn.cursor(name="steptrail_log")
         cur.itersize = 2000

@@ -384,6 +384,19 @@ class SQLiteRunStore(ClaimsOne):
         with self._read() as cur:
             yield from self._log(cur)
 
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one read
+        transaction (one WAL snapshot), so writers in between cannot look like drift."""
+        with self._read() as cur:
+            cur.execute("BEGIN")
+            try:
+                cur.execute(self.q["select_all_runs"])
+                live = [_index_row(r) for r in cur.fetchall()]
+                rebuilt = list(rebuild_rows(self._log(cur)))
+            finally:
+                cur.execute("COMMIT")
+        return live, rebuilt
+
     def _log(self, cur: sqlite3.Cursor) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur.execute(self.q["select_log"])
         while batch := cur.fetchmany(2000):

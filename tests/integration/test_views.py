@@ -406,3 +406,36 @@ def test_runner__poison_batch_is_reported_and_retried(runtime: Runtime) -> None:
     finally:
         stop.set()
         runner.join(10)
+
+
+def test_verify__no_false_drift_while_workers_write(store: Any) -> None:
+    """`verify` reads the run index and the log in one snapshot: writers appending all the
+    while never make it report drift."""
+    from steptrail.workers import maintenance
+
+    runs = []
+    for _ in range(4):
+        store.create(
+            Run.enqueue(run_id=uuid.uuid4(), agent="a", request_digest="d", actor="t"),
+            request=b"{}",
+        )
+        claimed = store.claim(holder="worker:test", lease_ms=60_000, agents=["a"])
+        runs.append(claimed.run)
+    stop = threading.Event()
+
+    def write(run: Run) -> None:
+        while not stop.is_set():
+            run.record_step(kind="llm", name="s", duration_ms=1)
+            store.append(run)
+
+    writers = [threading.Thread(target=write, args=(r,)) for r in runs]
+    for w in writers:
+        w.start()
+    try:
+        reports = [maintenance.verify_index(store) for _ in range(15)]
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(10)
+    assert sum(len(store.history(r.id)) for r in runs) > 4 * 2 + 15  # they did write
+    assert reports == [[]] * 15

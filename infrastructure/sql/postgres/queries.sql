@@ -171,6 +171,11 @@ LIMIT %(limit)s;
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
 
+-- name: snapshot_for_verify
+-- `verify` compares the index with the log: both must come from one snapshot, or a write
+-- landing between the two reads looks like drift. First statement of its transaction.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
 -- name: delete_all_runs
 DELETE FROM steptrail_runs;
 

@@ -139,6 +139,10 @@ LIMIT :limit;
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
 
+-- name: snapshot_for_verify
+-- PostgreSQL sets REPEATABLE READ here; SQLite's read transaction is one WAL snapshot.
+SELECT 1;
+
 -- name: delete_all_runs
 DELETE FROM steptrail_runs;
 
