@@ -42,6 +42,10 @@ from steptrail.infrastructure.store_base import (
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
+# How long a writer waits for another process's turn on the database before it gives up as
+# on any store error (its segment retries, then fences itself). Short against a lease: a
+# stopped process holding the turn must not freeze every writer with it (ADR 0016).
+HANDOVER_TIMEOUT_SECONDS = 5.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Idle workers of this process sleep on one event per database file; enqueuers set it. Workers
@@ -87,6 +91,70 @@ def _configure(conn: object, cur: sqlite3.Cursor) -> None:
     conn._steptrail_configured = True  # type: ignore[attr-defined]
 
 
+class _Handover:
+    """The flock that hands the database from one writing process to the next, bounded.
+
+    Uncontended, it is one non-blocking flock call. Contended, one helper thread per store
+    waits in the kernel (so the lock passes the moment it is free, with no polling) while the
+    writer waits for it at most `timeout`; a writer that gives up raises StoreUnavailable, and
+    a lock the helper gets with nobody left waiting is let go at once. One helper at most, so
+    a process stopped while holding the lock costs one blocked thread, not one per attempt.
+    """
+
+    def __init__(self, fd: int, timeout: float) -> None:
+        self.fd = fd
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._helper_waiting = False  # a helper thread is blocked in flock
+        self._granted = False  # the helper holds the lock for a writer to take
+        self._writers = 0  # writers waiting on the helper
+
+    def acquire(self) -> None:
+        # Writers of this process reach this one at a time (the pool's writer lock), which
+        # matters: flock is per open file, so a second thread of ours would not be kept out.
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            if not self._helper_waiting:
+                # No helper is blocked in flock (it would get the lock we take here and
+                # hand it on): the fast path is safe.
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass
+                else:
+                    return
+                self._helper_waiting = True
+                threading.Thread(
+                    target=self._wait, name="steptrail-sqlite-handover", daemon=True
+                ).start()
+            self._writers += 1
+            try:
+                while not self._granted:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StoreUnavailable(
+                            "another process has held the SQLite write lock for over "
+                            f"{self.timeout:g} s (stopped or stuck?)"
+                        )
+                    self._cond.wait(remaining)
+                self._granted = False  # ours now
+            finally:
+                self._writers -= 1
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _wait(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        with self._cond:
+            self._helper_waiting = False
+            if self._writers == 0:  # everybody gave up meanwhile: pass it on
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                return
+            self._granted = True
+            self._cond.notify()
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -109,7 +177,13 @@ class SQLiteRunStore(ClaimsOne):
 
     backend = "sqlite"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        handover_timeout: float = HANDOVER_TIMEOUT_SECONDS,
+    ) -> None:
         self.url = url
         self.db_name = path_from_url(url)
         self.datastore = SQLiteDatastore(
@@ -121,8 +195,10 @@ class SQLiteRunStore(ClaimsOne):
         )
         self.q = queries(self.backend)
         self._lock_fd: int | None = None
+        self._handover: _Handover | None = None
         if not self.db_name.startswith("file:"):
             self._lock_fd = os.open(f"{self.db_name}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+            self._handover = _Handover(self._lock_fd, handover_timeout)
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -177,14 +253,14 @@ class SQLiteRunStore(ClaimsOne):
 
     @contextmanager
     def _process_lock(self) -> Iterator[None]:
-        if self._lock_fd is None:
+        if self._handover is None:
             yield
             return
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._handover.acquire()
         try:
             yield
         finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            self._handover.release()
 
     def close(self) -> None:
         if self._lock_fd is not None:
