@@ -34,7 +34,7 @@ from steptrail.infrastructure.factory import SchemaMissing
 from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
-from steptrail.workers.decisions import CorruptResumableState
+from steptrail.workers.execute import CorruptResumableState
 from steptrail.workers.registry import App, UnknownAgent
 
 cli = typer.Typer(
