@@ -141,9 +141,10 @@ LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
 -- name: select_stale
 -- Only running runs whose lease expired by the store's clock, oldest deadline first; the
 -- partial index on lease_expires_at makes this proportional to the stale runs returned.
--- clock_timestamp(): the instant after lock_for_reaper was granted.
+-- statement_timestamp(): this statement starts after lock_for_reaper was granted, and
+-- unlike clock_timestamp() it is stable, so the lease index can answer the comparison.
 SELECT * FROM steptrail_runs
-WHERE status = 'running' AND lease_expires_at < clock_timestamp()
+WHERE status = 'running' AND lease_expires_at < statement_timestamp()
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
 
