@@ -112,10 +112,8 @@ def test_crash__sigkilled_workers_runs_still_finish_once(db_url: str, tmp_path: 
     env = {"STEPTRAIL_LEASE_SECONDS": "1.5"}
     try:
         ids = [rt.enqueue("scripted", {"steps": 6, "sleep": 0.1}) for _ in range(60)]
-        procs = [
-            spawn_worker(db_url, "--concurrency", "4", log=tmp_path / f"w{i}.log", **env)
-            for i in range(3)
-        ]
+        logs = [tmp_path / f"w{i}.log" for i in range(3)]
+        procs = [spawn_worker(db_url, "--concurrency", "4", log=log, **env) for log in logs]
         reaper = rt.reaper()
         kills = 0
         deadline = time.monotonic() + 120
@@ -123,12 +121,14 @@ def test_crash__sigkilled_workers_runs_still_finish_once(db_url: str, tmp_path: 
         while time.monotonic() < deadline and not all_terminal(rt, ids):
             if kills < 6 and time.monotonic() >= next_kill:
                 victim = rng.randrange(len(procs))
+                # Kill a worker that has runs in hand: on a loaded machine a process can
+                # take longer to start than the pause between kills.
+                wait_until(lambda v=victim: "run_claimed" in logs[v].read_text(), 15, 0.05)
                 procs[victim].send_signal(signal.SIGKILL)
                 procs[victim].wait()
                 kills += 1
-                procs[victim] = spawn_worker(
-                    db_url, "--concurrency", "4", log=tmp_path / f"r{kills}.log", **env
-                )
+                logs[victim] = tmp_path / f"r{kills}.log"
+                procs[victim] = spawn_worker(db_url, "--concurrency", "4", log=logs[victim], **env)
                 next_kill = time.monotonic() + rng.uniform(0.3, 0.7)
             reaper.reap_once(50)
             time.sleep(0.2)
