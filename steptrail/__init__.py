@@ -37,11 +37,19 @@ from steptrail.domain.errors import (
     StoreUnavailable,
     UnknownRun,
 )
+from steptrail.domain.journal import NonDeterministic, ReplayedError
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
-from steptrail.workers.context import Recorded, RunContext, RunFailed
+from steptrail.workers.context import (
+    Recorded,
+    Resumption,
+    RunContext,
+    RunFailed,
+    RunTimedOut,
+    StepTimedOut,
+)
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
@@ -61,18 +69,23 @@ __all__ = [
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "NonDeterministic",
     "Outcome",
     "PrivacyLevel",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
+    "ReplayedError",
+    "Resumption",
     "RunContext",
     "RunFailed",
     "RunRow",
     "RunStatus",
+    "RunTimedOut",
     "Runtime",
     "SegmentResult",
     "Settings",
+    "StepTimedOut",
     "StoreUnavailable",
     "TerminationReason",
     "UnknownAgent",

@@ -1,12 +1,13 @@
 -- Hardening under faults (ADR 0016, ADR 0017).
 --
--- 1. The lease clock is read after the locks. steptrail_append used now(), the instant its
---    statement started: an append that waited W on a lock (a rebuild of the run index, any
---    LOCK TABLE) committed a lease ending at start + L, already W old at commit. It now takes
---    every lock it needs first (the tables in the order a rebuild locks them, then the run's
---    row, which is also the fence), and only then reads clock_timestamp(); that one instant
---    is the events' recorded_at, the row's updated_at and the start of the lease, so a
---    rebuild of the index from the log still equals the live index.
+-- 1. The lease clock is read after every lock. steptrail_append used now() (0004), the instant
+--    its statement started: an append that waited W on a lock (a rebuild of the run index,
+--    any LOCK TABLE) committed a lease ending at start + L, already W old at commit. 0005
+--    reads clock_timestamp() after the run's row lock; this version takes the table locks
+--    first too (in the order a rebuild takes them), so that no later statement of the
+--    function can wait on a table (a LOCK TABLE of the log alone, say) after the clock was
+--    read. That one instant is the events' recorded_at, the row's updated_at and the start
+--    of the lease, so a rebuild of the index from the log still equals the live index.
 CREATE OR REPLACE FUNCTION steptrail_append(
     p_run_id uuid,
     p_expected bigint,
@@ -27,15 +28,22 @@ CREATE OR REPLACE FUNCTION steptrail_append(
     p_retry_delay_ms bigint,
     p_resumable bytea,
     p_drop_saved boolean,
-    p_notify boolean
+    p_notify boolean,
+    p_j_seqs bigint[],
+    p_j_positions integer[],
+    p_j_kinds text[],
+    p_j_names text[],
+    p_j_fingerprints text[],
+    p_j_outcomes bytea[]
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    v_at timestamptz;
+    v_now timestamptz;
 BEGIN
     -- Every lock first: the tables (a rebuild or a LOCK TABLE makes us wait here), then the
-    -- run's row (a concurrent writer of this run makes us wait here, then the version check
-    -- fails: the fence).
-    LOCK TABLE steptrail_runs, steptrail_events, steptrail_saved IN ROW EXCLUSIVE MODE;
+    -- run's row, which is also the fence (a concurrent writer of this run makes us wait
+    -- here; the WHERE is re-checked on the row we waited for, and the version has moved).
+    LOCK TABLE steptrail_runs, steptrail_events, steptrail_saved, steptrail_journal
+        IN ROW EXCLUSIVE MODE;
     PERFORM 1 FROM steptrail_runs
     WHERE run_id = p_run_id AND version = p_expected
     FOR NO KEY UPDATE;
@@ -44,8 +52,9 @@ BEGIN
             USING ERRCODE = 'ST409';
     END IF;
     -- Then the clock: nothing below waits on a lock, so the lease starts at most the time of
-    -- a few inserts before the commit.
-    v_at := clock_timestamp();
+    -- a few inserts before the commit (ADR 0016).
+    v_now := clock_timestamp();
+    -- The run index rule is the same as projections.run_index.row_after.
     UPDATE steptrail_runs SET
         agent = p_agent,
         status = p_status,
@@ -59,21 +68,28 @@ BEGIN
         idempotency_key = p_idempotency_key,
         doc = p_doc,
         lease_expires_at = CASE WHEN p_status = 'running'
-            THEN v_at + p_lease_ms * interval '1 millisecond' END,
+            THEN v_now + p_lease_ms * interval '1 millisecond' END,
         available_at = CASE
             WHEN p_status <> 'queued' THEN NULL
             WHEN status = 'queued' THEN available_at
-            ELSE v_at + p_retry_delay_ms * interval '1 millisecond' END,
-        updated_at = v_at
+            ELSE v_now + p_retry_delay_ms * interval '1 millisecond' END,
+        updated_at = v_now
     WHERE run_id = p_run_id;
     INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
-    SELECT p_run_id, v, t, s, v_at FROM unnest(p_versions, p_topics, p_states) AS e(v, t, s);
+    SELECT p_run_id, v, t, s, v_now FROM unnest(p_versions, p_topics, p_states) AS e(v, t, s);
+    IF cardinality(p_j_seqs) > 0 THEN
+        INSERT INTO steptrail_journal (run_id, seq, position, kind, name, fingerprint, outcome)
+        SELECT p_run_id, q, p, k, n, f, o
+        FROM unnest(p_j_seqs, p_j_positions, p_j_kinds, p_j_names, p_j_fingerprints, p_j_outcomes)
+            AS j(q, p, k, n, f, o);
+    END IF;
     IF p_resumable IS NOT NULL THEN
         INSERT INTO steptrail_saved (run_id, kind, body) VALUES (p_run_id, 'resumable', p_resumable)
         ON CONFLICT (run_id, kind) DO UPDATE SET body = EXCLUDED.body;
     END IF;
     IF p_drop_saved THEN
         DELETE FROM steptrail_saved WHERE run_id = p_run_id;
+        DELETE FROM steptrail_journal WHERE run_id = p_run_id;
     END IF;
     IF p_notify THEN
         PERFORM pg_notify('steptrail_queued', p_agent);
