@@ -203,3 +203,22 @@ def test_fake_store__sanity() -> None:
     store.committed = store.committed.model_copy(update={"version": 9})
     with pytest.raises(LeaseLost):
         segment.commit(lambda r: r.record_step(kind="llm", name="s", duration_ms=1))
+
+
+def test_run__mark_committed_first_commits_the_landed_steps_journal() -> None:
+    """Marking the first pending events committed (an append in doubt that landed) also
+    drops their steps' journal entries, and keeps the later ones pending."""
+    from steptrail.domain.journal import JournalEntry
+
+    segment, _, _ = running_segment()
+    run = segment.run
+
+    def entry(seq: int) -> JournalEntry:
+        return JournalEntry(seq=seq, position=seq, kind="llm", name="s", fingerprint="f")
+
+    run.record_step(kind="llm", name="s", duration_ms=1, journal=entry(1))
+    run.record_step(kind="llm", name="s", duration_ms=1, journal=entry(2))
+    run.mark_committed_first(1)
+    assert [seq for seq, _ in run.pending_journal] == [2]
+    assert len(run.pending_events) == 1
+    assert run.committed_version == run.version - 1
