@@ -17,7 +17,7 @@ from typing import Protocol
 
 import structlog
 
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.errors import StoreUnavailable, UnreadableEvent
 
 
 class Views(Protocol):
@@ -59,6 +59,17 @@ class Projector:
             except StoreUnavailable as error:
                 self.log.warning("projection_failed", error=str(error)[:200])
                 consumed = 0
+            except UnreadableEvent as error:
+                # The views stop at the event before it (nothing is skipped) and the runner
+                # keeps trying; the worker around it carries on (ADR 0019). Recorded like any
+                # poison batch, so operators see it (ADR 0017).
+                self.log.error(  # noqa: TRY400 - the message names the row; a traceback adds nothing
+                    "projection_stalled", error=str(error)[:300]
+                )
+                failures += 1
+                self._record(error)
+                stop.wait(min(MAX_PAUSE_S, interval * 2**failures))
+                continue
             except Exception as error:  # noqa: BLE001 - a poison batch must not end the runner
                 failures += 1
                 self.failed(error, failures)
@@ -70,12 +81,21 @@ class Projector:
 
     def failed(self, error: Exception, in_a_row: int) -> None:
         """Log and record a batch that failed for another reason than an outage."""
-        lines = str(error).strip().splitlines()
-        text = f"{type(error).__name__}: {lines[0] if lines else ''}"
         self.log.error(
-            "projection_batch_failed", error=text[:200], failures=in_a_row, exc_info=True
+            "projection_batch_failed",
+            error=_describe(error)[:200],
+            failures=in_a_row,
+            exc_info=True,
         )
+        self._record(error)
+
+    def _record(self, error: Exception) -> None:
         try:
-            self.views.record_failure(text)
+            self.views.record_failure(_describe(error))
         except Exception as unrecorded:  # noqa: BLE001 - the store may be why; the log stands
             self.log.warning("projection_failure_unrecorded", error_type=type(unrecorded).__name__)
+
+
+def _describe(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
