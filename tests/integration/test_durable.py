@@ -3,6 +3,7 @@ decisions, writes never repeated, code changes refused, deadlines, the journal's
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections import Counter
@@ -412,3 +413,37 @@ def test_journal__kept_while_waiting_and_deleted_on_settle(runtime: Runtime) -> 
     assert "thought 1" not in str(step.payload)  # metadata level: the log has no content
     runtime.cancel(run_id, by="op")
     assert runtime.store.journal(run_id) == []
+
+
+def test_timed_step__its_own_error_and_context_reach_the_agent(db_url: str) -> None:
+    """A step run on a helper thread (it has a deadline) raises its own exception in the
+    agent's thread, recorded with its class, and sees the caller's context variables."""
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen: list[str] = []
+    app = App()
+
+    @app.agent("flaky", step_timeout=5)
+    def flaky(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        request_id.set("req-7")
+
+        def call() -> str:
+            seen.append(request_id.get())
+            if ctx.attempt == 1:
+                raise ConnectionError("reset")
+            return "ok"
+
+        ctx.llm("call", call)
+        return {}
+
+    rt = make_runtime(db_url, app=app)
+    try:
+        run_id = rt.enqueue("flaky", {})
+        work_until_settled(rt, run_id)
+        trail = events(rt, run_id)
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        steps = [e.error_type for e in trail if isinstance(e, Run.StepRecorded)]
+        assert steps == ["ConnectionError", None]
+        assert [e.failure_class for e in trail if isinstance(e, Run.Requeued)] == ["connection"]
+        assert seen == ["req-7", "req-7"]
+    finally:
+        rt.close()
