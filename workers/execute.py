@@ -16,6 +16,7 @@ import structlog
 
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
@@ -78,8 +79,14 @@ class Executor:
         spec = self.app.get(run.state.agent)
         privacy = spec.privacy or self.config.privacy
         segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
-        # A run that recorded no step has no journal: a fresh claim costs no extra read.
-        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        try:
+            # A run that recorded no step has no journal: a fresh claim costs no extra read.
+            journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        except StoreUnavailable as error:
+            # Without its journal the agent would run recorded steps again: do not start.
+            # The lease runs out and the reaper hands the run to another segment.
+            segment.log.warning("journal_unreadable", error=type(error).__name__)
+            return self._result(segment, Outcome.LEASE_LOST)
         ctx = RunContext(
             segment,
             request=request,
