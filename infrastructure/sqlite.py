@@ -486,9 +486,9 @@ class SQLiteRunStore(ClaimsOne):
         events = self._event_params(run, 0)
         params = self._params(run, 0)
         drop, _ = side_effects(run.state)
-        run_hex = run.id.hex
         # Positional, not named: this statement runs with every step, and binding by name
         # costs a lookup per column.
+        run_hex = run.id.hex
         journal = [
             (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
             for r in journal_rows(run)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.decisions import ResumableState, state_digest
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
-from steptrail.domain.errors import DomainError
+from steptrail.domain.errors import DomainError, StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
 from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
 from steptrail.domain.ports import RunStore
@@ -87,8 +87,14 @@ class Executor:
         segment = Segment(
             self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
         )
-        # A run that recorded no step has no journal: a fresh claim costs no extra read.
-        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        try:
+            # A run that recorded no step has no journal: a fresh claim costs no extra read.
+            journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        except StoreUnavailable as error:
+            # Without its journal the agent would run recorded steps again: do not start.
+            # The lease runs out and the reaper hands the run to another segment.
+            segment.log.warning("journal_unreadable", error=type(error).__name__)
+            return self._result(segment, Outcome.LEASE_LOST)
         ctx = RunContext(
             segment,
             request=request,

@@ -214,6 +214,53 @@ def test_crash__sigkill_at_step_4_of_6_resumes_from_the_journal(
         rt.close()
 
 
+@pytest.mark.parametrize(
+    ("crash_at", "ends"),
+    [(3, RunStatus.COMPLETED), (2, RunStatus.FAILED)],
+    ids=["after-the-recorded-write", "inside-the-write"],
+)
+def test_crash__a_write_is_never_sent_twice(
+    db_url: str, tmp_path: Path, crash_at: int, ends: RunStatus
+) -> None:
+    """A worker process is SIGKILLed after its e-mail (step 2) was recorded: the rescuer
+    replays the write and finishes the run. Killed inside the write, whose result is
+    unknown: the reaper dead-letters the run not_retryable instead of sending again.
+    Either way one e-mail was sent (counted outside the database)."""
+    rt = make_runtime(db_url, lease_seconds=1.0)
+    env = {"STEPTRAIL_LEASE_SECONDS": "1.0"}
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        run_id = rt.enqueue(
+            "scripted",
+            {
+                "steps": 4,
+                "tool": {"effect": "non_idempotent_write", "at": 2},
+                "crash": {"at": crash_at, "times": 1},
+                "witness": str(witness),
+            },
+        )
+        procs.append(spawn_worker(db_url, log=tmp_path / "victim.log", **env))
+        assert procs[0].wait(60) == -signal.SIGKILL
+        assert wait_until(lambda: rt.reap().reaped == 1, 15, step=0.2)
+        procs.append(spawn_worker(db_url, log=tmp_path / "rescuer.log", **env))
+        assert wait_until(lambda: rt.get(run_id).status.is_terminal, 60)
+        row = rt.get(run_id)
+        assert row.status is ends
+        assert executions(witness, run_id)[2] == 1
+        if ends is RunStatus.FAILED:
+            assert row.state.reason is TerminationReason.NOT_RETRYABLE
+            assert [p.tool for p in row.state.pending_effects] == ["send_email"]
+        else:
+            trail = check_trails(rt, [run_id])[run_id]
+            assert [e.count for e in trail if isinstance(e, Run.Replayed)] == [2]
+        assert rt.store.journal(run_id) == []
+    finally:
+        stop(procs)
+        rt.close()
+
+
 def holder_events(trail: list[Any], holder: str) -> list[str]:
     return [type(e).__name__ for e in trail if e.actor == holder]
 
