@@ -63,8 +63,8 @@ class AsyncRuntime:
 
     async def start(self, agent: str, request: Mapping[str, Any] | None = None) -> SegmentResult:
         """Run `agent` now as an interactive run; an async agent runs on this loop."""
-        run, body = await self._call(self.sync.begin_interactive, agent, request)
-        return await self.sync.executor().execute_async(run, body)
+        run, body, sent = await self._call(self.sync.begin_interactive, agent, request)
+        return await self.sync.executor().execute_async(run, body, lease_from=sent)
 
     async def get(self, run_id: UUID) -> RunRow:
         return await self._call(self.sync.get, run_id)
@@ -124,7 +124,9 @@ class AsyncRuntime:
         if isinstance(handed, SegmentResult):
             return handed
         executor = self.sync.executor()
-        return await executor.execute_async(handed.run, handed.request, resumable=handed.resumable)
+        return await executor.execute_async(
+            handed.run, handed.request, resumable=handed.resumable, lease_from=handed.lease_from
+        )
 
     # -- workers ---------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,8 +54,15 @@ from steptrail.domain.journal import (
     StepCall,
     fingerprint,
 )
-from steptrail.domain.privacy import filter_payload
+from steptrail.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadRejected,
+    check_depth,
+    check_size,
+)
+from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
 from steptrail.domain.run import DECISION_STEP, Decision, Run
+from steptrail.domain.schemas import check_schema
 from steptrail.workers.segment import LeaseLost, Segment
 
 T = TypeVar("T")
@@ -186,12 +194,16 @@ class RunContext:
         privacy: PrivacyLevel,
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        declared_tools: frozenset[str] | None = None,
         journal: JournalCursor | None = None,
         classify: Callable[[BaseException], FailureClass] = classify,
         deadlines: Deadlines | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._segment = segment
+        self._declared_tools = declared_tools
+        self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
         self._effect_of = effect_of
         self._journal = journal or JournalCursor()
@@ -307,7 +319,8 @@ class RunContext:
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
-        return self._await_decision(state, calls_digest(pending), tuple(c.name for c in pending))
+        labels = tuple(self.tool_label(c.name) for c in pending)
+        return self._await_decision(state, calls_digest(pending), labels)
 
     def request_input(
         self,
@@ -318,11 +331,16 @@ class RunContext:
     ) -> dict[str, Any]:
         """Wait until a person submits values matching `schema` (a pydantic model or a JSON
         Schema); returns the validated values, like `request_approval` returns a decision
-        (they are also `ctx.resumed.values` for agents that resume by hand)."""
-        json_schema = (
+        (they are also `ctx.resumed.values` for agents that resume by hand).
+
+        Raises:
+            InvalidSchema: the schema is invalid, refers outside itself or is too large
+                (ADR 0020); the run is not suspended, and fails unless the agent handles it.
+        """
+        json_schema = check_schema(
             schema.model_json_schema()
             if isinstance(schema, type) and issubclass(schema, BaseModel)
-            else dict(schema)
+            else schema
         )
         state = ResumableState(
             kind=WaitKind.INPUT,
@@ -390,7 +408,8 @@ class RunContext:
         results = []
         for call, run in self.pending_calls(tools):
             if run is None:
-                self.step("tool", call.name, denied_result, payload={"tool": call.name})
+                label = self.tool_label(call.name)
+                self.step("tool", label, denied_result, payload={"tool": label})
                 results.append(CallResult(call=call, error=DENIED))
                 continue
             value = self.tool(call.name, run, arguments=call.arguments)
@@ -407,14 +426,16 @@ class RunContext:
         return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
 
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
+        check_depth(state.conversation, "the saved conversation")
         body = canonical_json(jsonable(state.model_dump(mode="json")))
+        check_size(len(body), self._max_payload_bytes, "the saved resumable state")
         kind = state.kind
         self.note_replay()
 
+        logged_schema = filter_schema(state.input_schema, self._privacy)
+
         def suspend(run: Run) -> None:
-            run.suspend(
-                kind=kind, digest=digest, pending_tools=tools, input_schema=state.input_schema
-            )
+            run.suspend(kind=kind, digest=digest, pending_tools=tools, input_schema=logged_schema)
 
         try:
             self._segment.commit(suspend, resumable=body)
@@ -539,12 +560,17 @@ class RunContext:
     ) -> LiveStep | Replayed:
         """`open_step` for tool `name`: a write tool's pending-effect marker is appended
         and confirmed here, before its callable may run."""
-        call = StepCall("tool", name, fingerprint(jsonable(dict(arguments or {}))))
+        # What the log, the journal and log lines call the tool: a name the request may have
+        # chosen is free text, labelled below `redacted` unless the app declared it (ADR
+        # 0019). The label is a pure function of the name and the privacy level, so a replay
+        # at the same level matches it.
+        label = self.tool_label(name)
+        call = StepCall("tool", label, fingerprint(jsonable(dict(arguments or {}))))
         entry = self._next(call)
         if entry is not None:
             return Replayed(_replayed(entry))
         effect = self._effect_of(name)
-        payload: dict[str, Any] = {"tool": name, "effect": effect.value}
+        payload: dict[str, Any] = {"tool": label, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
         limit = timeout
@@ -558,8 +584,8 @@ class RunContext:
         # The deadline is known before the marker: a run out of time never leaves a marker
         # for a write that did not start.
         limit = self._limit(limit)
-        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
-        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
+        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=label, effect=effect))
+        self.log.info("effect_pending", tool=label, effect=effect.value, seq=seq)
         return LiveStep(call, payload, limit, time.perf_counter(), write=True)
 
     def close_step(
@@ -568,29 +594,22 @@ class RunContext:
         """Everything after a live step's callable returned `outcome` or raised `error`:
         its record and journal entry (appended at the next boundary, or now for a write
         tool, ADR 0014). Returns the value the agent gets (`outcome` without `Recorded`)."""
-        if error is not None:
+        value, extra = (None, None) if error is not None else _unwrap(outcome)
+        try:
+            # May raise PayloadRejected after recording the step as rejected (ADR 0019).
             self._record(
                 call=step.call,
                 started=step.started,
                 payload=step.payload,
-                extra=None,
+                extra=extra,
                 error=error,
-                result=None,
+                result=value,
             )
+        finally:
             if step.write:
-                self._segment.boundary()  # the failed write's record (its marker stays)
-            return None
-        value, extra = _unwrap(outcome)
-        self._record(
-            call=step.call,
-            started=step.started,
-            payload=step.payload,
-            extra=extra,
-            error=None,
-            result=value,
-        )
-        if step.write:
-            self._segment.boundary()  # the write's result, durable now (ADR 0014)
+                # A write's record is appended now, whatever it says: its result (which
+                # clears the marker), its error or its rejection (the marker stays).
+                self._segment.boundary()
         return value
 
     def close_step_nowait(
@@ -620,6 +639,10 @@ class RunContext:
             yield
         finally:
             segment.renew_until = outer
+
+    def tool_label(self, name: str) -> str:
+        """How tool `name` appears in this run's log at its privacy level."""
+        return tool_label(name, self._privacy, self._declared_tools)
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -726,9 +749,27 @@ class RunContext:
             tokens, cost = extra.tokens, extra.cost
         if error is None and log_result:
             body["content" if kind == "llm" else "result"] = result
-        filtered = filter_payload(jsonable(body), self._privacy)
         error_type = _error_type(error) if error is not None else None
-        entry = _entry(call, self._journal.position, result, error, self._classify)
+        rejected: PayloadRejected | None = None
+        try:
+            # Bounded before anything else walks it (ADR 0019): what is written must be
+            # readable back. A step whose payload or value is too deep or too large is
+            # recorded without them, as failed with the limit's error type (in the journal
+            # too, so a replay fails the same way), and the agent gets the error.
+            check_depth(body, f"the payload of step {name!r}")
+            if error is None:
+                check_depth(result, f"the value of step {name!r}")
+            filtered = filter_payload(
+                jsonable(body), self._privacy, declared_tools=self._declared_tools
+            )
+            self.check_size(filtered, f"the payload of step {name!r}")
+            if error is None:
+                self.check_size(jsonable(result), f"the value of step {name!r}")
+            entry = _entry(call, self._journal.position, result, error, self._classify)
+        except PayloadRejected as too_much:
+            filtered, error_type = {"payload_rejected": True}, type(too_much).__name__
+            rejected = too_much if error is None else None
+            entry = _entry(call, self._journal.position, None, too_much, self._classify)
 
         def record(run: Run) -> int:
             return run.record_step(
@@ -744,6 +785,13 @@ class RunContext:
             )
 
         self._segment.defer(record)
+        if rejected is not None:
+            raise rejected
+
+    def check_size(self, payload: Any, what: str) -> None:
+        """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str))
+        check_size(size, self._max_payload_bytes, what)
 
 
 def _error_type(error: BaseException) -> str:

@@ -16,10 +16,14 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import structlog
+from pydantic import ValidationError
 
 from steptrail.domain.classifier import Classifier
+from steptrail.domain.decisions import ResumableState, state_digest
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.errors import DomainError, StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
+from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
@@ -58,6 +62,7 @@ class ExecutionConfig:
     lease_s: float
     policy: RetryPolicy
     privacy: PrivacyLevel
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
 class AwaitableAgent(TypeError):
@@ -107,16 +112,23 @@ class Executor:
         request: dict[str, Any],
         *,
         resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
     ) -> SegmentResult:
-        """Run the agent of `run` (held by this process) and settle it.
+        """Run the agent of `run` (held by this process) and settle it. `lease_from` is
+        when the write that gave this process the lease was sent (`time.monotonic()`).
 
         An async agent runs to its end on a private event loop in this thread; from a thread
         that already runs a loop, await `execute_async` instead.
         """
         spec = self.app.get(run.state.agent)
         if spec.is_async:
-            return run_to_end(self.execute_async(run, request, resumable=resumable))
-        segment, ctx = self._open(spec, run, request, resumable)
+            return run_to_end(
+                self.execute_async(run, request, resumable=resumable, lease_from=lease_from)
+            )
+        opened = self._open(spec, run, request, resumable, lease_from)
+        if isinstance(opened, SegmentResult):
+            return opened
+        segment, ctx = opened
         try:
             try:
                 result = _not_awaitable(spec.fn(ctx, ctx.request), spec.name)  # type: ignore[arg-type]
@@ -133,6 +145,7 @@ class Executor:
         request: dict[str, Any],
         *,
         resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
     ) -> SegmentResult:
         """Run the agent of `run` as a coroutine on the running loop and settle it. Every
         store call (the journal read, appends, the settle) runs on `self.threads`; the loop
@@ -140,11 +153,16 @@ class Executor:
         store thread: it may take minutes)."""
         spec = self.app.get(run.state.agent)
         if not spec.is_async:
-            return await asyncio.to_thread(self.execute, run, request, resumable=resumable)
+            return await asyncio.to_thread(
+                self.execute, run, request, resumable=resumable, lease_from=lease_from
+            )
         if run.state.steps:  # reads its journal: a store call
-            segment, core = await self.threads.call(self._open, spec, run, request, resumable)
+            opened = await self.threads.call(self._open, spec, run, request, resumable, lease_from)
         else:  # a fresh run has no journal: nothing here touches the store
-            segment, core = self._open(spec, run, request, resumable)
+            opened = self._open(spec, run, request, resumable, lease_from)
+        if isinstance(opened, SegmentResult):
+            return opened
+        segment, core = opened
         ctx = AsyncRunContext(core, self.threads)
         deactivate = ctx.activate()
         try:
@@ -165,17 +183,30 @@ class Executor:
         run: Run,
         request: dict[str, Any],
         resumable: dict[str, Any] | None,
-    ) -> tuple[Segment, RunContext]:
+        lease_from: float | None,
+    ) -> tuple[Segment, RunContext] | SegmentResult:
+        """The segment and its context, ready to run the agent; or, when the journal cannot
+        be read, the result of a segment that never started."""
         privacy = spec.privacy or self.config.privacy
-        segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
-        # A run that recorded no step has no journal: a fresh claim costs no extra read.
-        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        segment = Segment(
+            self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
+        )
+        try:
+            # A run that recorded no step has no journal: a fresh claim costs no extra read.
+            journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        except StoreUnavailable as error:
+            # Without its journal the agent would run recorded steps again: do not start.
+            # The lease runs out and the reaper hands the run to another segment.
+            segment.log.warning("journal_unreadable", error=type(error).__name__)
+            return self._result(segment, Outcome.LEASE_LOST)
         ctx = RunContext(
             segment,
             request=request,
             privacy=privacy,
             effect_of=self.app.effect_of,
             resumable=resumable,
+            max_payload_bytes=self.config.max_payload_bytes,
+            declared_tools=self.app.declared_tools,
             journal=journal,
             classify=self.classifier,
             deadlines=Deadlines(
@@ -223,7 +254,14 @@ class Executor:
         if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
             return self._on_failure(segment, ctx, ctx.diverged)
         ctx.note_replay()
-        body = filter_payload(jsonable({"result": result}), privacy)
+        try:
+            # A result that could not be read back must never be written (ADR 0019): the
+            # run fails instead, not retryable (it would return the same result again).
+            check_depth(result, "the run's result")
+            body = filter_payload(jsonable({"result": result}), privacy)
+            ctx.check_size(body, "the run's result")
+        except PayloadRejected as rejected:
+            return self._on_failure(segment, ctx, rejected)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
         )
@@ -313,20 +351,41 @@ class Executor:
         return SegmentResult(run.id, outcome, status, run.committed_version)
 
 
+class CorruptResumableState(DomainError):
+    """The saved resumable state is unreadable or does not match what the run waits on."""
+
+
 def has_resumable(run: Run) -> bool:
     """Whether `resumable_of` has state to read for `run` (a store call)."""
     return run.state.decision is not None and run.state.has_resumable_state
 
 
 def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
-    """The saved resumable state a decided run resumes with, or None for a fresh segment."""
-    if not has_resumable(run):
+    """The saved resumable state a decided run resumes with, or None for a fresh segment.
+
+    The state is read again when the resumed segment starts (a worker picked the run off the
+    queue, maybe hours after the decision), so it is checked again against the digest the
+    decision was bound to: calls changed in the database since the approval must not run.
+
+    Raises:
+        CorruptResumableState: unreadable, or not what the decision was about.
+    """
+    decision = run.state.decision
+    if decision is None or not has_resumable(run):
         return None
     body = store.saved(run.id, "resumable")
     if body is None:
         return None
-    value = json.loads(body)
-    return value if isinstance(value, dict) else None
+    try:
+        saved = ResumableState.model_validate(json.loads(body))
+    except (ValueError, ValidationError):
+        raise CorruptResumableState(f"the resumable state of run {run.id} is unreadable") from None
+    if saved.kind is not decision.kind or state_digest(saved) != decision.digest:
+        raise CorruptResumableState(
+            f"the resumable state of run {run.id} does not match the digest its decision "
+            "was bound to"
+        )
+    return saved.model_dump(mode="json")
 
 
 def decode_request(body: bytes) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +25,12 @@ from uuid import uuid4
 
 import structlog
 
-from steptrail.domain.enums import Outcome
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.enums import Outcome, TerminationReason
+from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RunStore
+from steptrail.domain.run import Run
 from steptrail.workers.execute import (
+    CorruptResumableState,
     ExecutionConfig,
     Executor,
     SegmentResult,
@@ -121,6 +124,7 @@ class Worker:
                     if free == 0:
                         self._slot_freed.wait(0.5)
                         continue
+                sent = time.monotonic()  # claimed leases are counted from here (ADR 0016)
                 try:
                     # As many runs as there are free slots, in one round trip (capped, so one
                     # process does not hoard a burst that its peers could start sooner).
@@ -149,10 +153,10 @@ class Worker:
                 for item in claimed:
                     if self.app.get(item.run.state.agent).is_async:
                         asyncio.run_coroutine_threadsafe(
-                            self._execute_async(executor, item), self._async_loop()
+                            self._execute_async(executor, item, sent), self._async_loop()
                         )
                     else:
-                        pool.submit(self._execute, executor, item)
+                        pool.submit(self._execute, executor, item, sent)
             # Stopping: wait for every run in flight, threads and tasks alike, so a graceful
             # stop finishes them all before the loop and the store threads go away.
             with self._slot_freed:
@@ -164,26 +168,56 @@ class Worker:
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
 
-    def _execute(self, executor: Executor, claimed: ClaimedRun) -> None:
+    def _refuse(self, run: Run, error: CorruptResumableState) -> SegmentResult:
+        """A resumed run whose saved calls no longer match its decision's digest must not
+        act: it is dead-lettered (not retryable: no retry makes the calls approved)."""
+        self.log.error(
+            "resumable_state_refused", run_id=str(run.id), version=run.version, why=str(error)
+        )
+        run.dead_letter(
+            actor=self.holder,
+            reason=TerminationReason.NOT_RETRYABLE,
+            cause="resumable_state_mismatch",
+        )
+        try:
+            self.store.append(run)
+        except (VersionConflict, StoreUnavailable):
+            return SegmentResult(run.id, Outcome.LEASE_LOST, run.status, run.committed_version)
+        return SegmentResult(run.id, Outcome.FAILED, run.status, run.version)
+
+    def _execute(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
         log = self._claimed(claimed)
+        run = claimed.run
         try:
             request = _request_of(claimed)
-            resumable = resumable_of(self.store, claimed.run)
-            self._finished(log, executor.execute(claimed.run, request, resumable=resumable))
+            try:
+                resumable = resumable_of(self.store, run)
+            except CorruptResumableState as error:
+                result = self._refuse(run, error)
+            else:
+                result = executor.execute(run, request, resumable=resumable, lease_from=sent)
+            self._finished(log, result)
         # A bug in steptrail or a callback (logged by `_crashed`); the run's lease will expire.
         except Exception:  # noqa: BLE001
             self._crashed(log)
         finally:
             self._free_slot()
 
-    async def _execute_async(self, executor: Executor, claimed: ClaimedRun) -> None:
+    async def _execute_async(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
         log = self._claimed(claimed)
+        run = claimed.run
         try:
             request = _request_of(claimed)
             resumable = None
-            if has_resumable(claimed.run):
-                resumable = await self._threads.call(resumable_of, self.store, claimed.run)
-            result = await executor.execute_async(claimed.run, request, resumable=resumable)
+            try:
+                if has_resumable(run):
+                    resumable = await self._threads.call(resumable_of, self.store, run)
+            except CorruptResumableState as error:
+                result = await self._threads.call(self._refuse, run, error)
+            else:
+                result = await executor.execute_async(
+                    run, request, resumable=resumable, lease_from=sent
+                )
             self._finished(log, result)
         except Exception:  # noqa: BLE001 - as in `_execute`
             self._crashed(log)

@@ -556,8 +556,9 @@ def test_sync_runtime__async_agent_inside_a_running_loop_is_refused(runtime: Run
     runtime.app.include(app)
 
     async def inside() -> None:
+        run, body, _ = runtime.begin_interactive("lonely", {})
         with pytest.raises(steptrail.LoopAlreadyRunning):
-            runtime.executor().execute(*runtime.begin_interactive("lonely", {}))
+            runtime.executor().execute(run, body)
 
     asyncio.run(inside())
     assert ran == []
