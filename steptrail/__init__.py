@@ -13,10 +13,14 @@ with steptrail.open(app) as rt:          # sqlite:///steptrail.db unless configu
     run_id = rt.enqueue("summarise", {"text": "..."})
     rt.work(burst=True)
     print(rt.get(run_id).status)
+
+Async agents (`async def`, with an `AsyncRunContext` whose steps are awaited) run on the
+worker's event loop; from async code, `async with steptrail.open_async(app) as rt:`.
 """
 
 from __future__ import annotations
 
+from steptrail.async_runtime import AsyncRuntime, open_async
 from steptrail.domain.classifier import (
     ClassifiedError,
     FallbackChainExhausted,
@@ -42,7 +46,9 @@ from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
+    AwaitableInSyncStep,
     Recorded,
     Resumption,
     RunContext,
@@ -50,7 +56,7 @@ from steptrail.workers.context import (
     RunTimedOut,
     StepTimedOut,
 )
-from steptrail.workers.execute import SegmentResult
+from steptrail.workers.execute import AwaitableAgent, LoopAlreadyRunning, SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.segment import LeaseLost
@@ -59,6 +65,10 @@ open = open_runtime
 
 __all__ = [
     "App",
+    "AsyncRunContext",
+    "AsyncRuntime",
+    "AwaitableAgent",
+    "AwaitableInSyncStep",
     "ClassifiedError",
     "DigestMismatch",
     "Effect",
@@ -69,6 +79,7 @@ __all__ = [
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "LoopAlreadyRunning",
     "NonDeterministic",
     "Outcome",
     "PrivacyLevel",
@@ -91,5 +102,6 @@ __all__ = [
     "UnknownAgent",
     "UnknownRun",
     "open",
+    "open_async",
     "open_runtime",
 ]
