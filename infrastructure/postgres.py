@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import psycopg_pool
 from eventsourcing.postgres import PostgresDatastore
-from psycopg.rows import DictRow
+from psycopg import sql as pgsql
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
@@ -30,6 +31,7 @@ from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
+from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
 from steptrail.infrastructure.store_base import (
     REQUEST,
     ClaimsOne,
@@ -361,6 +363,35 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn:
             yield _PgTx(conn, self.q)
 
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_PgTx]]]:
+        """A private schema to rebuild a projection into (`verify`), on a connection of its
+        own whose search path holds only that schema, so the projection's unqualified table
+        names resolve to the scratch copies; yields a function that opens a transaction on
+        it. Each transaction is short (a batch): a long one would hold every reader of the
+        log back (ADR 0012). The schema is dropped at the end."""
+        schema = f"steptrail_scratch_{uuid4().hex[:12]}"
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        except _CONNECTION_ERRORS as e:
+            raise StoreUnavailable(_first_line(e)) from e
+        try:
+            conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+            conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
+
+            @contextmanager
+            def transaction() -> Iterator[_PgTx]:
+                with conn.transaction():
+                    yield _PgTx(conn, self.q)
+
+            yield transaction
+        finally:
+            with suppress(psycopg.Error):
+                conn.execute(
+                    pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema))
+                )
+            conn.close()
+
     @staticmethod
     def db_id(value: UUID) -> Any:
         return value
@@ -432,6 +463,16 @@ class _PgTx:
         if params:
             with self.conn.cursor() as cur:
                 cur.executemany(self.q[name], params)
+
+    def sql(self) -> PostgresSql:
+        """The handle a user projection writes through, on this transaction."""
+        return PostgresSql(self.conn)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return postgres_rows_of(self.conn, table)
+
+    def drop(self, table: str) -> None:
+        postgres_drop(self.conn, table)
 
 
 def _index_row(row: DictRow) -> RunRow:

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
+from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
 from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
@@ -475,6 +476,29 @@ class SQLiteRunStore(ClaimsOne):
         with self._read() as cur:
             yield _SqliteTx(cur, self.q)
 
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_SqliteTx]]]:
+        """A private in-memory database to rebuild a projection into (`verify`); yields a
+        function that opens a transaction on it. Nothing of it outlives the block."""
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+
+        @contextmanager
+        def transaction() -> Iterator[_SqliteTx]:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            try:
+                yield _SqliteTx(cur, self.q)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+        try:
+            yield transaction
+        finally:
+            conn.close()
+
     @staticmethod
     def db_id(value: UUID) -> Any:
         return value.hex
@@ -530,6 +554,16 @@ class _SqliteTx:
     def many(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
         if params:
             self.cur.executemany(self.q[name], [dict(p) for p in params])
+
+    def sql(self) -> SqliteSql:
+        """The handle a user projection writes through, on this transaction."""
+        return SqliteSql(self.cur)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return sqlite_rows_of(self.cur, table)
+
+    def drop(self, table: str) -> None:
+        sqlite_drop(self.cur, table)
 
 
 def _index_row(row: sqlite3.Row) -> RunRow:

@@ -38,7 +38,15 @@ from steptrail.domain.errors import (
     UnknownRun,
 )
 from steptrail.domain.ports import RecordedEvent
+from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
 from steptrail.infrastructure.settings import Settings
+from steptrail.projections.custom import (
+    EventContext,
+    Projection,
+    ProjectionFailed,
+    Sql,
+    Tracking,
+)
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
 from steptrail.workers.context import Recorded, RunContext, RunFailed
@@ -51,6 +59,14 @@ open = open_runtime
 
 __all__ = [
     "App",
+    "EventContext",
+    "FeedEntry",
+    "Projection",
+    "ProjectionFailed",
+    "Sql",
+    "Tracking",
+    "format_position",
+    "parse_position",
     "ClassifiedError",
     "DigestMismatch",
     "Effect",

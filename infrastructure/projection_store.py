@@ -1,0 +1,316 @@
+"""The tracked batch that keeps a user projection, its rebuild, and its verification.
+
+`process_batch` is the same exactly-once unit as the reporting views' (ADR 0009, 0028): in
+one transaction it takes the projection's tracking row (locked on PostgreSQL, the write lock
+on SQLite), reads the next events in the views' order (ADR 0012), hands each to the
+projection together with a `Sql` handle on that very transaction, and moves the position.
+Whatever the projection wrote commits with the position, or neither does.
+
+If the projection raises, the batch rolls back — the projection stays exactly where it was —
+and the failure (the event's position, run, topic and the error) is recorded in a
+transaction of its own, for `stats` and the metrics; the first batch that commits again
+clears it (ADR 0030). Only this projection stops: each projection has its own tracking row.
+
+`verify` folds the log up to the live position into a scratch copy (an in-memory database on
+SQLite, a private schema on PostgreSQL) with the same code and compares the tables row by row.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+from steptrail.infrastructure.codec import decode_event
+from steptrail.infrastructure.reporting_store import Dialect, Tx
+from steptrail.projections.custom import (
+    EventContext,
+    Failure,
+    Position,
+    Projection,
+    ProjectionFailed,
+    Sql,
+    wants,
+)
+
+VERIFY_BATCH = 5000
+
+
+class ProjectionTx(Tx, Protocol):
+    """A reporting transaction that also hands out the user SQL handle."""
+
+    def sql(self) -> Sql: ...
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]: ...
+    def drop(self, table: str) -> None: ...
+
+
+class ProjectionDialect(Dialect, Protocol):
+    def reporting_write(self) -> AbstractContextManager[ProjectionTx]: ...
+    def reporting_read(self) -> AbstractContextManager[ProjectionTx]: ...
+    def scratch(
+        self,
+    ) -> AbstractContextManager[Callable[[], AbstractContextManager[ProjectionTx]]]: ...
+
+
+@dataclass(frozen=True)
+class TrackedStatus:
+    """Where one tracked projection (built-in or yours) stands."""
+
+    name: str
+    position: Position
+    lag: int
+    failure: Failure | None
+
+
+class _Raised(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.error)
+        self.failure = failure
+
+
+def _position(row: Any) -> Position:
+    return (int(row["tx_id"]), int(row["notification_id"]))
+
+
+def _uuid(value: Any) -> UUID:
+    return value if isinstance(value, UUID) else UUID(value)
+
+
+class ProjectionStore:
+    """One user projection over one database (see the module docstring)."""
+
+    def __init__(self, dialect: ProjectionDialect, projection: Projection) -> None:
+        if not projection.name:
+            raise ValueError("a projection needs a name")
+        self.d = dialect
+        self.projection = projection
+        self._tables_ready = False
+
+    @property
+    def name(self) -> str:
+        return self.projection.name
+
+    # -- maintaining ---------------------------------------------------------------------------
+
+    def ensure_tables(self) -> None:
+        """Let the projection create its tables (idempotently), once per store object."""
+        if self._tables_ready:
+            return
+        with self.d.reporting_write() as tx:
+            self.projection.create_tables(tx.sql())
+            tx.run("init_tracking", {"projection": self.name})
+        self._tables_ready = True
+
+    def process_batch(self, limit: int = 1000) -> tuple[int, Position]:
+        """Fold the next `limit` events into the projection, exactly once.
+
+        Returns (events consumed, position reached).
+
+        Raises:
+            ProjectionFailed: the projection raised; nothing of the batch was kept.
+        """
+        self.ensure_tables()
+        try:
+            with self.d.reporting_write() as tx:
+                return self._batch(tx, limit)
+        except _Raised as raised:
+            self._record(raised.failure)
+            raise ProjectionFailed(self.name, raised.failure) from raised.__cause__
+
+    def _batch(self, tx: ProjectionTx, limit: int) -> tuple[int, Position]:
+        tx.run("init_tracking", {"projection": self.name})
+        (row,) = tx.all("lock_tracking", {"projection": self.name})
+        position: Position = (int(row["position_tx"]), int(row["position"]))
+        rows = tx.all(
+            "select_notifications", {"after_tx": position[0], "after": position[1], "limit": limit}
+        )
+        if not rows:
+            return 0, position
+        sql = tx.sql()
+        for r in rows:
+            position = _position(r)
+            topic = str(r["topic"])
+            if not wants(self.projection, topic):
+                continue
+            try:
+                event = decode_event(topic, bytes(r["state"]))
+                recorded_at = self.d.py_time(r["recorded_at"])
+                assert recorded_at is not None
+                ctx = EventContext(
+                    run_id=_uuid(r["run_id"]),
+                    version=int(r["version"]),
+                    recorded_at=recorded_at,
+                    position=position,
+                    sql=sql,
+                    projection=self.name,
+                )
+                self.projection.apply(event, ctx)
+            except Exception as error:  # noqa: BLE001 - any error of user code stops only this projection
+                failure = Failure(
+                    position=position,
+                    run_id=_uuid(r["run_id"]),
+                    topic=topic,
+                    error=f"{type(error).__name__}: {error}"[:1000],
+                    failed_at=None,
+                    attempts=1,
+                )
+                raise _Raised(failure) from error
+        params = {"projection": self.name, "position_tx": position[0], "position": position[1]}
+        tx.run("update_tracking", params)
+        tx.run("clear_failure", {"projection": self.name})
+        return len(rows), position
+
+    def _record(self, failure: Failure) -> None:
+        with self.d.reporting_write() as tx:
+            tx.run(
+                "record_failure",
+                {
+                    "projection": self.name,
+                    "position_tx": failure.position[0],
+                    "position": failure.position[1],
+                    "run_id": self.d.db_id(failure.run_id) if failure.run_id else None,
+                    "topic": failure.topic,
+                    "error": failure.error,
+                    "now": self.d.db_now(),
+                },
+            )
+
+    def catch_up(
+        self, *, batch: int = 1000, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Process batches until the projection reaches the log's head; returns events
+        consumed. `progress(done, total)` counts events."""
+        total = 0
+        head = self._head() if progress is not None else 0
+        while True:
+            consumed, _ = self.process_batch(batch)
+            total += consumed
+            if progress is not None:
+                progress(total, max(head, total))
+            if consumed < batch:
+                return total
+
+    def rebuild(
+        self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Drop the projection's tables, create them again, rewind it, and fold the whole
+        log again in batches of `batch` events (one transaction each)."""
+        with self.d.reporting_write() as tx:
+            tx.run("init_tracking", {"projection": self.name})
+            tx.all("lock_tracking", {"projection": self.name})
+            for table in self.projection.tables:
+                tx.drop(table)
+            self.projection.create_tables(tx.sql())
+            tx.run("rewind_tracking", {"projection": self.name})
+        self._tables_ready = True
+        return self.catch_up(batch=batch, progress=progress)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def position(self) -> Position:
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_tracking", {"projection": self.name})
+        return (int(rows[0]["position_tx"]), int(rows[0]["position"])) if rows else (0, 0)
+
+    def _head(self) -> int:
+        with self.d.reporting_read() as tx:
+            return int(tx.all("max_notification_id", {})[0]["head"])
+
+    def verify(self, *, attempts: int = 5) -> list[str]:
+        """Differences between the projection's live tables and a rebuild of them, into a
+        scratch copy, from the log up to the live position (read again until no batch
+        committed in between)."""
+        self.ensure_tables()
+        live: dict[str, Counter[tuple[Any, ...]]] = {}
+        position = self.position()
+        for _ in range(attempts):
+            with self.d.reporting_read() as tx:
+                live = {t: Counter(tx.rows_of(t)) for t in self.projection.tables}
+            again = self.position()
+            if again == position:
+                break
+            position = again
+        rebuilt = self._scratch_fold(position)
+        problems: list[str] = []
+        for table in self.projection.tables:
+            for row in sorted((live[table] - rebuilt[table]).elements(), key=repr):
+                problems.append(f"{self.name}: {table} row {row} is live but not in a rebuild")
+            for row in sorted((rebuilt[table] - live[table]).elements(), key=repr):
+                problems.append(f"{self.name}: {table} row {row} is in a rebuild but not live")
+        return problems
+
+    def _scratch_fold(self, upto: Position) -> dict[str, Counter[tuple[Any, ...]]]:
+        scratch_projection = self.projection
+        with self.d.scratch() as transaction:
+            with transaction() as tx:
+                scratch_projection.create_tables(tx.sql())
+            for chunk in self._log_upto(upto):
+                with transaction() as tx:
+                    sql = tx.sql()
+                    for r in chunk:
+                        topic = str(r["topic"])
+                        if not wants(scratch_projection, topic):
+                            continue
+                        recorded_at = self.d.py_time(r["recorded_at"])
+                        assert recorded_at is not None
+                        scratch_projection.apply(
+                            decode_event(topic, bytes(r["state"])),
+                            EventContext(
+                                run_id=_uuid(r["run_id"]),
+                                version=int(r["version"]),
+                                recorded_at=recorded_at,
+                                position=_position(r),
+                                sql=sql,
+                                projection=self.name,
+                            ),
+                        )
+            with transaction() as tx:
+                return {t: Counter(tx.rows_of(t)) for t in scratch_projection.tables}
+
+    def _log_upto(self, upto: Position) -> Iterator[list[Any]]:
+        position: Position = (0, 0)
+        while position < upto:
+            with self.d.reporting_read() as tx:
+                rows = tx.all(
+                    "select_notifications",
+                    {"after_tx": position[0], "after": position[1], "limit": VERIFY_BATCH},
+                )
+            rows = [r for r in rows if _position(r) <= upto]
+            if not rows:
+                return
+            yield rows
+            position = _position(rows[-1])
+
+
+def tracked_statuses(dialect: ProjectionDialect) -> list[TrackedStatus]:
+    """Every tracked projection's position, lag (events of the log after it) and failure."""
+    with dialect.reporting_read() as tx:
+        tracking = tx.all("select_all_tracking", {})
+        failures = {
+            r["projection"]: Failure(
+                position=(int(r["position_tx"]), int(r["position"])),
+                run_id=_uuid(r["run_id"]) if r["run_id"] is not None else None,
+                topic=r["topic"],
+                error=r["error"],
+                failed_at=dialect.py_time(r["failed_at"]),
+                attempts=int(r["attempts"]),
+            )
+            for r in tx.all("select_failures", {})
+        }
+        statuses = []
+        for r in tracking:
+            position = (int(r["position_tx"]), int(r["position"]))
+            (lag,) = tx.all("count_after", {"after_tx": position[0], "after": position[1]})
+            statuses.append(
+                TrackedStatus(
+                    name=r["projection"],
+                    position=position,
+                    lag=int(lag["n"]),
+                    failure=failures.get(r["projection"]),
+                )
+            )
+    return statuses
