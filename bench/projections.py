@@ -36,9 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import psycopg  # noqa: E402 - after the environment is set for steptrail's settings
+from rebuild import fill  # noqa: E402
 
 from examples.cost_per_agent_day import app as cost_app  # noqa: E402
-from rebuild import fill  # noqa: E402
 from steptrail.infrastructure.logging import configure_logging  # noqa: E402
 from steptrail.runtime import Runtime, open_runtime  # noqa: E402
 
@@ -68,7 +68,9 @@ def lag(rt: Runtime) -> int:
     return next(t.lag for t in rt.tracked() if t.name == NAME)
 
 
-def drain(url: str, runs: int, processes: int, concurrency: int, *, project: bool) -> dict[str, Any]:
+def drain(
+    url: str, runs: int, processes: int, concurrency: int, *, project: bool
+) -> dict[str, Any]:
     """Enqueue `runs` no-op runs, drain them; with `project`, a projector process runs the
     README's projection meanwhile and the lag is sampled."""
     ctx = mp.get_context("spawn")

@@ -1,7 +1,7 @@
 """Tokens and cost per agent per day, as a projection of steptrail's run events.
 
-    steptrail --app examples.cost_per_agent_day:app project --every 1   # or any worker
-    steptrail --app examples.cost_per_agent_day:app verify cost_per_agent_day
+steptrail --app examples.cost_per_agent_day:app project --every 1   # or any worker
+steptrail --app examples.cost_per_agent_day:app verify cost_per_agent_day
 """
 
 from __future__ import annotations

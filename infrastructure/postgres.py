@@ -31,7 +31,6 @@ from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
-from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
 from steptrail.infrastructure.store_base import (
     REQUEST,
     ClaimsOne,
@@ -40,6 +39,7 @@ from steptrail.infrastructure.store_base import (
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"

@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -149,7 +148,7 @@ class ProjectionStore:
                     projection=self.name,
                 )
                 self.projection.apply(event, ctx)
-            except Exception as error:  # noqa: BLE001 - any error of user code stops only this projection
+            except Exception as error:
                 failure = Failure(
                     position=position,
                     run_id=_uuid(r["run_id"]),

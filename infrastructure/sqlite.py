@@ -30,7 +30,6 @@ from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
-from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
 from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
@@ -40,6 +39,7 @@ from steptrail.infrastructure.store_base import (
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30

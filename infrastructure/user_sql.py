@@ -117,6 +117,4 @@ def postgres_rows_of(conn: psycopg.Connection[DictRow], table: str) -> list[tupl
 
 
 def postgres_drop(conn: psycopg.Connection[DictRow], table: str) -> None:
-    conn.execute(
-        pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(table))
-    )
+    conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(table)))

@@ -112,7 +112,8 @@ def test_chaos__projection_equals_a_fold_of_every_shown_run(db_url: str, tmp_pat
         procs[-1].send_signal(signal.SIGKILL)
         procs[-1].wait()
         kills["projector"] += 1
-        assert kills["worker"] >= 1 and kills["projector"] >= 2, kills
+        assert kills["worker"] >= 1, kills
+        assert kills["projector"] >= 2, kills
         assert all_terminal(rt, ids)
         check_trails(rt, ids)
         procs[-1] = spawn_projector(db_url, tmp_path / "last.log")
@@ -120,7 +121,8 @@ def test_chaos__projection_equals_a_fold_of_every_shown_run(db_url: str, tmp_pat
         assert wait_until(lambda: store.position() >= rt.views.position() > (0, 0), 60)
         stop(procs)
         rt.project_all()
-        assert live_costs(rt).keys() == (expected := fold_from_show(db_url, ids)).keys()
+        expected = fold_from_show(db_url, ids)
+        assert live_costs(rt).keys() == expected.keys()
         for key, (steps, tokens, cost) in expected.items():
             assert live_costs(rt)[key][:2] == [steps, tokens], key
             assert live_costs(rt)[key][2] == pytest.approx(cost), key
@@ -144,8 +146,18 @@ class Consumer:
     def run(self, total: int, deadline: float) -> None:
         while len(self.lines) < total and time.monotonic() < deadline:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "steptrail", "events", "--follow", "--json"]
-                + ["--every", "0.05", "--after", self.position],
+                [
+                    sys.executable,
+                    "-m",
+                    "steptrail",
+                    "events",
+                    "--follow",
+                    "--json",
+                    "--every",
+                    "0.05",
+                    "--after",
+                    self.position,
+                ],
                 cwd=REPO,
                 env=env_for(self.url, STEPTRAIL_LOG_LEVEL="warning"),
                 stdout=subprocess.PIPE,
@@ -204,7 +216,7 @@ def test_feed__restarted_consumer_equals_the_log_while_four_workers_append(
         consumer.run(total, deadline)
         assert consumer.restarts >= total // 1000
         got = [(e["run_id"], e["version"], e["event"], e["data"]) for e in consumer.lines]
-        assert len(got) == len(set((g[0], g[1]) for g in got)) == total  # nothing twice
+        assert len(got) == len({(g[0], g[1]) for g in got}) == total  # nothing twice
         positions = [tuple(map(int, e["position"].split(":"))) for e in consumer.lines]
         assert positions == sorted(positions)
         log = {}

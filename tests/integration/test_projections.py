@@ -258,9 +258,9 @@ def test_feed__pages_resume_without_gap_or_repeat(rt: Runtime) -> None:
         for h in rt.history(rid)
     )
     assert len(whole) == len(log)
-    assert sorted(
-        (e.position[1], e.run_id, e.version, type(e.event).__name__) for e in whole
-    ) == log
+    assert (
+        sorted((e.position[1], e.run_id, e.version, type(e.event).__name__) for e in whole) == log
+    )
     assert [e.position for e in whole] == sorted(e.position for e in whole)
     for page in (1, 3, 7):
         assert read_all(rt, page, head) == whole
@@ -276,7 +276,9 @@ def test_feed__purged_positions_are_marked_not_lost(rt: Runtime) -> None:
         if rt.backend == "sqlite":
             tx.sql().execute("UPDATE steptrail_runs SET created_at = created_at - 3456000000000")
         else:
-            tx.sql().execute("UPDATE steptrail_runs SET created_at = created_at - interval '40 days'")
+            tx.sql().execute(
+                "UPDATE steptrail_runs SET created_at = created_at - interval '40 days'"
+            )
     report = rt.purge()
     assert report.total == 6
     after = read_all(rt, 100, head)
