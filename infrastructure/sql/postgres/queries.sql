@@ -311,19 +311,22 @@ SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
 -- The event feed (ADR 0029): the log in the views' order and under their visibility rule
 -- (select_notifications), merged with the positions of purged events, so a consumer passing
 -- a purged position is told so. One statement, so one snapshot: a purge committing meanwhile
--- shows each position either as its event or as its marker, never neither.
-SELECT * FROM (
-    SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
-           recorded_at, topic, state, NULL::timestamptz AS purged_at
-    FROM steptrail_events
-    WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
-      AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-    UNION ALL
-    SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
-    FROM steptrail_purged_events
-    WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
-      AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-) AS feed
+-- shows each position either as its event or as its marker, never neither. Each arm takes
+-- its first `limit` rows by index, so only 2 x limit rows are ever sorted.
+(SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+        recorded_at, topic, state, NULL::timestamptz AS purged_at
+ FROM steptrail_events
+ WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY tx_id, notification_id
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+ FROM steptrail_purged_events
+ WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY position_tx, position
+ LIMIT %(limit)s)
 ORDER BY tx_id, notification_id
 LIMIT %(limit)s;
 

@@ -279,17 +279,16 @@ SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
 
 -- name: select_feed
 -- The event feed (ADR 0029): the log by id (writers are serialised, so ids commit in order),
--- merged with the positions of purged events.
-SELECT * FROM (
-    SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
-           recorded_at, topic, state, NULL AS purged_at
-    FROM steptrail_events
-    WHERE notification_id > :after
-    UNION ALL
-    SELECT position, 0, run_id, version, NULL, NULL, NULL, purged_at
-    FROM steptrail_purged_events
-    WHERE position > :after
-)
+-- merged with the positions of purged events. A bare compound SELECT, so that SQLite merges
+-- the two arms in index order and stops at the LIMIT instead of sorting the whole tail.
+SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state, NULL AS purged_at
+FROM steptrail_events
+WHERE notification_id > :after
+UNION ALL
+SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+FROM steptrail_purged_events
+WHERE position_tx = 0 AND position > :after
 ORDER BY notification_id
 LIMIT :limit;
 
