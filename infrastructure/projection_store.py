@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from uuid import UUID
 
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.codec import decode_event
 from steptrail.infrastructure.reporting_store import Dialect, Tx
 from steptrail.projections.custom import (
@@ -71,6 +72,22 @@ class _Raised(Exception):
         self.failure = failure
 
 
+def _failure(
+    error: BaseException,
+    position: Position = (0, 0),
+    run_id: UUID | None = None,
+    topic: str | None = None,
+) -> Failure:
+    return Failure(
+        position=position,
+        run_id=run_id,
+        topic=topic,
+        error=f"{type(error).__name__}: {error}"[:1000],
+        failed_at=None,
+        attempts=1,
+    )
+
+
 def _position(row: Any) -> Position:
     return (int(row["tx_id"]), int(row["notification_id"]))
 
@@ -100,9 +117,15 @@ class ProjectionStore:
         if self._tables_ready:
             return
         with self.d.reporting_write() as tx:
-            self.projection.create_tables(tx.sql())
+            self._create_tables(tx)
             tx.run("init_tracking", {"projection": self.name})
         self._tables_ready = True
+
+    def _create_tables(self, tx: ProjectionTx) -> None:
+        try:
+            self.projection.create_tables(tx.sql())
+        except Exception as error:
+            raise _Raised(_failure(error)) from error
 
     def process_batch(self, limit: int = 1000) -> tuple[int, Position]:
         """Fold the next `limit` events into the projection, exactly once.
@@ -112,13 +135,20 @@ class ProjectionStore:
         Raises:
             ProjectionFailed: the projection raised; nothing of the batch was kept.
         """
-        self.ensure_tables()
         try:
+            self.ensure_tables()
             with self.d.reporting_write() as tx:
                 return self._batch(tx, limit)
         except _Raised as raised:
-            self._record(raised.failure)
-            raise ProjectionFailed(self.name, raised.failure) from raised.__cause__
+            failure, cause = raised.failure, raised.__cause__
+        except StoreUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - committing what the projection wrote failed (e.g. a deferred constraint)
+            failure, cause = _failure(error), error
+        if failure.topic is None:  # not an event's fault: it stands where it stood
+            failure = replace(failure, position=self.position())
+        self._record(failure)
+        raise ProjectionFailed(self.name, failure) from cause
 
     def _batch(self, tx: ProjectionTx, limit: int) -> tuple[int, Position]:
         tx.run("init_tracking", {"projection": self.name})
@@ -148,16 +178,8 @@ class ProjectionStore:
                     projection=self.name,
                 )
                 self.projection.apply(event, ctx)
-            except Exception as error:
-                failure = Failure(
-                    position=position,
-                    run_id=_uuid(r["run_id"]),
-                    topic=topic,
-                    error=f"{type(error).__name__}: {error}"[:1000],
-                    failed_at=None,
-                    attempts=1,
-                )
-                raise _Raised(failure) from error
+            except Exception as error:  # any error of user code stops only this projection
+                raise _Raised(_failure(error, position, _uuid(r["run_id"]), topic)) from error
         params = {"projection": self.name, "position_tx": position[0], "position": position[1]}
         tx.run("update_tracking", params)
         tx.run("clear_failure", {"projection": self.name})
@@ -203,7 +225,7 @@ class ProjectionStore:
             tx.all("lock_tracking", {"projection": self.name})
             for table in self.projection.tables:
                 tx.drop(table)
-            self.projection.create_tables(tx.sql())
+            self._create_tables(tx)
             tx.run("rewind_tracking", {"projection": self.name})
         self._tables_ready = True
         return self.catch_up(batch=batch, progress=progress)
@@ -300,16 +322,16 @@ def tracked_statuses(dialect: ProjectionDialect) -> list[TrackedStatus]:
             )
             for r in tx.all("select_failures", {})
         }
+        positions = {r["projection"]: (int(r["position_tx"]), int(r["position"])) for r in tracking}
         statuses = []
-        for r in tracking:
-            position = (int(r["position_tx"]), int(r["position"]))
+        # A projection that failed before its first batch (its create_tables raised) has a
+        # failure but no tracking row yet: it stands at the start.
+        for name in sorted(positions.keys() | failures.keys()):
+            position = positions.get(name, (0, 0))
             (lag,) = tx.all("count_after", {"after_tx": position[0], "after": position[1]})
             statuses.append(
                 TrackedStatus(
-                    name=r["projection"],
-                    position=position,
-                    lag=int(lag["n"]),
-                    failure=failures.get(r["projection"]),
+                    name=name, position=position, lag=int(lag["n"]), failure=failures.get(name)
                 )
             )
     return statuses

@@ -371,11 +371,10 @@ class Runtime:
         return done
 
     def tracked(self) -> list[TrackedStatus]:
-        """Where each tracked projection (the reporting views and yours) stands: position,
-        lag in events, and the failure that stopped it, if any."""
-        self.projections()
-        known = {"reporting", *self.app.projections}
-        return [s for s in tracked_statuses(self.store) if s.name in known or s.failure]
+        """Where each tracked projection stands — the reporting views and every projection
+        that has ever run on this database, registered in this process's app or not:
+        position, lag in events, and the failure that stopped it, if any."""
+        return tracked_statuses(self.store)
 
     def events(self, *, after: Position = (0, 0), limit: int = 1000) -> list[FeedEntry]:
         """The next `limit` entries of the log after `after`, in the views' order: events,

@@ -171,6 +171,7 @@ def test_projector__runs_projections_and_parks_a_failing_one(db_url: str) -> Non
     rt = make_runtime(db_url, app)
     try:
         scripted_mix(rt)
+        read_all(rt, 1000, rt.views.head())  # wait until the whole log is visible (PostgreSQL)
         projector = rt.projector()
         assert projector.run_once() > 0
         assert projector.run_projections_once() is False
@@ -286,3 +287,26 @@ def test_feed__purged_positions_are_marked_not_lost(rt: Runtime) -> None:
     assert all(e.purged and e.event is None and e.purged_at is not None for e in after)
     assert [(e.run_id, e.version) for e in after] == [(e.run_id, e.version) for e in before]
     assert rt.verify("reporting") == []
+
+
+def test_projection__whose_create_tables_raises_is_recorded_not_fatal(db_url: str) -> None:
+    """A projection that cannot even create its tables fails alone, on record."""
+    app = cost_app()
+
+    def create(sql: steptrail.Sql) -> None:
+        sql.execute("CREATE TABLE nonsense (")
+
+    app.projection("bad_schema", tables=("nonsense",), create_tables=create)(
+        lambda event, ctx: None
+    )
+    rt = make_runtime(db_url, app)
+    try:
+        scripted_mix(rt)
+        done = settle(rt)
+        assert done["cost_per_agent_day"] == rt.views.head()
+        failure = {t.name: t for t in rt.tracked()}["bad_schema"].failure
+        assert failure is not None
+        assert failure.position == (0, 0)
+        assert "Error" in failure.error.partition(":")[0]
+    finally:
+        rt.close()
