@@ -34,7 +34,6 @@ from steptrail.projections.custom import (
     Projection,
     ProjectionFailed,
     Sql,
-    wants,
 )
 
 VERIFY_BATCH = 5000
@@ -137,6 +136,9 @@ class ProjectionStore:
         """
         try:
             self.ensure_tables()
+            idle = self._idle()
+            if idle is not None:
+                return 0, idle
             with self.d.reporting_write() as tx:
                 return self._batch(tx, limit)
         except _Raised as raised:
@@ -150,6 +152,17 @@ class ProjectionStore:
         self._record(failure)
         raise ProjectionFailed(self.name, failure) from cause
 
+    def _idle(self) -> Position | None:
+        """The position, if no event after it is visible yet (None: there is work). A read
+        first, so that an idle runner does not take SQLite's write lock every interval."""
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_tracking", {"projection": self.name})
+            position = (int(rows[0]["position_tx"]), int(rows[0]["position"])) if rows else (0, 0)
+            ahead = tx.all(
+                "select_notifications", {"after_tx": position[0], "after": position[1], "limit": 1}
+            )
+        return None if ahead else position
+
     def _batch(self, tx: ProjectionTx, limit: int) -> tuple[int, Position]:
         tx.run("init_tracking", {"projection": self.name})
         (row,) = tx.all("lock_tracking", {"projection": self.name})
@@ -159,18 +172,34 @@ class ProjectionStore:
         )
         if not rows:
             return 0, position
-        sql = tx.sql()
+        position = self._fold(rows, tx.sql())
+        params = {"projection": self.name, "position_tx": position[0], "position": position[1]}
+        tx.run("update_tracking", params)
+        tx.run("clear_failure", {"projection": self.name})
+        return len(rows), position
+
+    def _fold(self, rows: list[Any], sql: Sql) -> Position:
+        """Hand each row's event to the projection, in order; returns the last position.
+
+        Raises:
+            _Raised: the projection raised on an event (or the event could not be read).
+        """
+        wanted = frozenset(self.projection.topics)
+        run_ids: dict[Any, UUID] = {}  # a batch holds few runs, each many times
+        position: Position = (0, 0)
         for r in rows:
-            position = _position(r)
+            position = (int(r["tx_id"]), int(r["notification_id"]))
             topic = str(r["topic"])
-            if not wants(self.projection, topic):
+            if wanted and topic not in wanted:
                 continue
+            raw_id = r["run_id"]
+            run_id = run_ids.get(raw_id) or run_ids.setdefault(raw_id, _uuid(raw_id))
             try:
                 event = decode_event(topic, bytes(r["state"]))
                 recorded_at = self.d.py_time(r["recorded_at"])
                 assert recorded_at is not None
                 ctx = EventContext(
-                    run_id=_uuid(r["run_id"]),
+                    run_id=run_id,
                     version=int(r["version"]),
                     recorded_at=recorded_at,
                     position=position,
@@ -179,11 +208,8 @@ class ProjectionStore:
                 )
                 self.projection.apply(event, ctx)
             except Exception as error:  # any error of user code stops only this projection
-                raise _Raised(_failure(error, position, _uuid(r["run_id"]), topic)) from error
-        params = {"projection": self.name, "position_tx": position[0], "position": position[1]}
-        tx.run("update_tracking", params)
-        tx.run("clear_failure", {"projection": self.name})
-        return len(rows), position
+                raise _Raised(_failure(error, position, run_id, topic)) from error
+        return position
 
     def _record(self, failure: Failure) -> None:
         with self.d.reporting_write() as tx:
@@ -265,32 +291,17 @@ class ProjectionStore:
         return problems
 
     def _scratch_fold(self, upto: Position) -> dict[str, Counter[tuple[Any, ...]]]:
-        scratch_projection = self.projection
         with self.d.scratch() as transaction:
-            with transaction() as tx:
-                scratch_projection.create_tables(tx.sql())
-            for chunk in self._log_upto(upto):
+            try:
                 with transaction() as tx:
-                    sql = tx.sql()
-                    for r in chunk:
-                        topic = str(r["topic"])
-                        if not wants(scratch_projection, topic):
-                            continue
-                        recorded_at = self.d.py_time(r["recorded_at"])
-                        assert recorded_at is not None
-                        scratch_projection.apply(
-                            decode_event(topic, bytes(r["state"])),
-                            EventContext(
-                                run_id=_uuid(r["run_id"]),
-                                version=int(r["version"]),
-                                recorded_at=recorded_at,
-                                position=_position(r),
-                                sql=sql,
-                                projection=self.name,
-                            ),
-                        )
+                    self._create_tables(tx)
+                for chunk in self._log_upto(upto):
+                    with transaction() as tx:
+                        self._fold(chunk, tx.sql())
+            except _Raised as raised:
+                raise ProjectionFailed(self.name, raised.failure) from raised.__cause__
             with transaction() as tx:
-                return {t: Counter(tx.rows_of(t)) for t in scratch_projection.tables}
+                return {t: Counter(tx.rows_of(t)) for t in self.projection.tables}
 
     def _log_upto(self, upto: Position) -> Iterator[list[Any]]:
         position: Position = (0, 0)

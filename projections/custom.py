@@ -157,8 +157,3 @@ class ProjectionFailed(Exception):
         )
         self.projection = projection
         self.failure = failure
-
-
-def wants(projection: Projection, topic: str) -> bool:
-    """Whether `projection` is handed events of `topic`."""
-    return not projection.topics or topic in projection.topics
