@@ -15,8 +15,9 @@ rebuild? Both measured in one invocation, per backend.
   of the drain, and how long the projector needed after the drain to reach 0.
 * Rebuild: the log of `--rebuild-runs` runs (6 events each, as bench/rebuild.py) is folded by
   `rebuild cost_per_agent_day` (batches of 5,000 events, one transaction each), then rewound
-  and folded one event per transaction (`process_batch(1)`) for `--single` events; reported
-  as events/s of each and their ratio.
+  and folded one event per transaction (`process_batch(1)`) for `--single` events, three
+  times alternately; reported as median events/s of each and the median (and range) of the
+  per-round ratios.
 """
 
 from __future__ import annotations
@@ -120,27 +121,36 @@ def drain(url: str, runs: int, processes: int, concurrency: int, *, project: str
         return result
 
 
-def rebuild_speed(url: str, runs: int, single: int) -> dict[str, Any]:
+def rebuild_speed(url: str, runs: int, single: int, rounds: int = 3) -> dict[str, Any]:
+    """Batched rebuild vs one transaction per event, alternated `rounds` times on one log;
+    medians, and the median of the per-round ratios."""
     with runtime(url, app=cost_app) as rt:
         events = fill(rt.store, runs)
         store = rt.projection(NAME)
-        started = time.perf_counter()
-        store.rebuild(batch=5000)
-        batched = events / (time.perf_counter() - started)
-        with rt.store.reporting_write() as tx:
-            for table in store.projection.tables:
-                tx.drop(table)
-            store.projection.create_tables(tx.sql())
-            tx.run("rewind_tracking", {"projection": NAME})
-        started = time.perf_counter()
-        for _ in range(single):
-            store.process_batch(1)
-        one_by_one = single / (time.perf_counter() - started)
+        batched, one_by_one = [], []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            store.rebuild(batch=5000)
+            batched.append(events / (time.perf_counter() - started))
+            with rt.store.reporting_write() as tx:
+                for table in store.projection.tables:
+                    tx.drop(table)
+                store.projection.create_tables(tx.sql())
+                tx.run("rewind_tracking", {"projection": NAME})
+            started = time.perf_counter()
+            for _ in range(single):
+                store.process_batch(1)
+            one_by_one.append(single / (time.perf_counter() - started))
         return {
             "events": events,
-            "batched_events_per_s": round(batched),
-            "per_event_tx_events_per_s": round(one_by_one),
-            "ratio": round(batched / one_by_one, 1),
+            "rounds": rounds,
+            "batched_events_per_s": round(statistics.median(batched)),
+            "per_event_tx_events_per_s": round(statistics.median(one_by_one)),
+            "ratio": round(statistics.median(b / o for b, o in zip(batched, one_by_one)), 1),
+            "ratio_range": [
+                round(min(b / o for b, o in zip(batched, one_by_one)), 1),
+                round(max(b / o for b, o in zip(batched, one_by_one)), 1),
+            ],
         }
 
 
