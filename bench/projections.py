@@ -141,16 +141,14 @@ def rebuild_speed(url: str, runs: int, single: int, rounds: int = 3) -> dict[str
             for _ in range(single):
                 store.process_batch(1)
             one_by_one.append(single / (time.perf_counter() - started))
+        ratios = [b / o for b, o in zip(batched, one_by_one, strict=True)]
         return {
             "events": events,
             "rounds": rounds,
             "batched_events_per_s": round(statistics.median(batched)),
             "per_event_tx_events_per_s": round(statistics.median(one_by_one)),
-            "ratio": round(statistics.median(b / o for b, o in zip(batched, one_by_one)), 1),
-            "ratio_range": [
-                round(min(b / o for b, o in zip(batched, one_by_one)), 1),
-                round(max(b / o for b, o in zip(batched, one_by_one)), 1),
-            ],
+            "ratio": round(statistics.median(ratios), 1),
+            "ratio_range": [round(min(ratios), 1), round(max(ratios), 1)],
         }
 
 
