@@ -245,14 +245,21 @@ class ProjectionStore:
         self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None
     ) -> int:
         """Drop the projection's tables, create them again, rewind it, and fold the whole
-        log again in batches of `batch` events (one transaction each)."""
-        with self.d.reporting_write() as tx:
-            tx.run("init_tracking", {"projection": self.name})
-            tx.all("lock_tracking", {"projection": self.name})
-            for table in self.projection.tables:
-                tx.drop(table)
-            self._create_tables(tx)
-            tx.run("rewind_tracking", {"projection": self.name})
+        log again in batches of `batch` events (one transaction each).
+
+        Raises:
+            ProjectionFailed: the projection raised (if in `create_tables`, nothing changed).
+        """
+        try:
+            with self.d.reporting_write() as tx:
+                tx.run("init_tracking", {"projection": self.name})
+                tx.all("lock_tracking", {"projection": self.name})
+                for table in self.projection.tables:
+                    tx.drop(table)
+                self._create_tables(tx)
+                tx.run("rewind_tracking", {"projection": self.name})
+        except _Raised as raised:
+            raise ProjectionFailed(self.name, raised.failure) from raised.__cause__
         self._tables_ready = True
         return self.catch_up(batch=batch, progress=progress)
 

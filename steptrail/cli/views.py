@@ -254,6 +254,8 @@ def verify(
             problems = rt.verify(view)
         except ValueError as error:
             fail(str(error), 2)
+        except ProjectionFailed as error:
+            fail(f"cannot rebuild into a scratch copy: {error}", 1)
         for problem in problems:
             out.print(problem)
         out.print(f"{len(problems)} difference(s) between the live views and the log")
