@@ -9,13 +9,14 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import steptrail
 from examples.cost_per_agent_day import CostPerAgentDay
 from steptrail import events
 from steptrail.runtime import Runtime
 from tests.conftest import make_runtime
-from tests.integration.test_views import scripted_mix
+from tests.integration.test_views import COMMANDS, apply_command, scripted_mix
 
 
 def cost_app() -> steptrail.App:
@@ -310,3 +311,26 @@ def test_projection__whose_create_tables_raises_is_recorded_not_fatal(db_url: st
         assert "Error" in failure.error.partition(":")[0]
     finally:
         rt.close()
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(commands=COMMANDS)
+def test_projection__random_lifecycles_live_equals_rebuild(rt: Runtime, commands: Any) -> None:
+    """For random command sequences with the projection's batches interleaved, the live
+    tables always equal a rebuild into a scratch copy."""
+    store = rt.projection("cost_per_agent_day")
+    store.ensure_tables()
+    with rt.store.reporting_write() as tx:  # hypothesis reuses the fixture: start empty
+        for name in store.projection.tables:
+            tx.sql().execute(f"DELETE FROM {name}")
+        tx.run("rewind_tracking", {"projection": store.name})
+    runs: list[UUID] = []
+    for name, pick in commands:
+        if name == "project":
+            store.process_batch(pick + 1)
+        else:
+            apply_command(rt.store, runs, name, pick)
+    store.catch_up(batch=4)
+    assert rt.verify("cost_per_agent_day") == []
