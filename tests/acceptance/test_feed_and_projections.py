@@ -93,10 +93,11 @@ def test_chaos__projection_equals_a_fold_of_every_shown_run(db_url: str, tmp_pat
         next_kill = time.monotonic() + 0.4
         while time.monotonic() < deadline and not all_terminal(rt, ids):
             if sum(kills.values()) < 8 and time.monotonic() >= next_kill:
-                victim = rng.randrange(len(procs))
+                n = sum(kills.values())
+                # Alternate: the projector, then one of the workers, and so on.
+                victim = len(procs) - 1 if n % 2 == 0 else rng.randrange(len(procs) - 1)
                 procs[victim].send_signal(signal.SIGKILL)
                 procs[victim].wait()
-                n = sum(kills.values())
                 if victim == len(procs) - 1:
                     kills["projector"] += 1
                     procs[victim] = spawn_projector(db_url, tmp_path / f"p{n}.log")
