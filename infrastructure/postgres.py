@@ -26,6 +26,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
@@ -35,6 +36,8 @@ from steptrail.infrastructure.store_base import (
     REQUEST,
     ClaimsOne,
     encoded_events,
+    journal_from_rows,
+    journal_rows,
     run_from_row,
     side_effects,
     state_params,
@@ -176,11 +179,19 @@ class PostgresRunStore(ClaimsOne):
         return run
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
-        events = encoded_events(run)
-        if not events:
+        if not run.pending_events:
             return
+        params = self.append_params(run, resumable=resumable)
+        with self._connection() as conn:
+            conn.execute(self.q["append"], params, prepare=True)
+        run.mark_committed()
+
+    def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
+        """The parameters of the `append` query for `run`'s pending events and journal."""
+        events = encoded_events(run)
         drop, notify = side_effects(run.state)
-        params = {
+        journal = journal_rows(run)
+        return {
             **self._params(run),
             "expected": run.committed_version,
             "versions": [v for v, _, _ in events],
@@ -189,10 +200,13 @@ class PostgresRunStore(ClaimsOne):
             "resumable": resumable,
             "drop_saved": drop,
             "notify": notify,
+            "j_seqs": [j["seq"] for j in journal],
+            "j_positions": [j["position"] for j in journal],
+            "j_kinds": [j["kind"] for j in journal],
+            "j_names": [j["name"] for j in journal],
+            "j_fingerprints": [j["fingerprint"] for j in journal],
+            "j_outcomes": [j["outcome"] for j in journal],
         }
-        with self._connection() as conn:
-            conn.execute(self.q["append"], params, prepare=True)
-        run.mark_committed()
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
@@ -228,6 +242,11 @@ class PostgresRunStore(ClaimsOne):
 
     def request(self, run_id: UUID) -> bytes | None:
         return self.saved(run_id, REQUEST)
+
+    def journal(self, run_id: UUID) -> list[JournalEntry]:
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_journal"], {"run_id": run_id}, prepare=True)
+            return journal_from_rows(rows.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
         with self._connection() as conn:

@@ -37,6 +37,7 @@ from steptrail.domain.errors import (
     StoreUnavailable,
     UnknownRun,
 )
+from steptrail.domain.journal import NonDeterministic, ReplayedError
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
 from steptrail.infrastructure.settings import Settings
@@ -49,7 +50,14 @@ from steptrail.projections.custom import (
 )
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
-from steptrail.workers.context import Recorded, RunContext, RunFailed
+from steptrail.workers.context import (
+    Recorded,
+    Resumption,
+    RunContext,
+    RunFailed,
+    RunTimedOut,
+    StepTimedOut,
+)
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
@@ -71,6 +79,7 @@ __all__ = [
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "NonDeterministic",
     "Outcome",
     "PrivacyLevel",
     "Projection",
@@ -78,14 +87,18 @@ __all__ = [
     "ReapReport",
     "Recorded",
     "RecordedEvent",
+    "ReplayedError",
+    "Resumption",
     "RunContext",
     "RunFailed",
     "RunRow",
     "RunStatus",
+    "RunTimedOut",
     "Runtime",
     "SegmentResult",
     "Settings",
     "Sql",
+    "StepTimedOut",
     "StoreUnavailable",
     "TerminationReason",
     "Tracking",

@@ -44,6 +44,7 @@ Suspended = Run.Suspended
 Decided = Run.Decided
 Resumed = Run.Resumed
 Released = Run.Released
+Replayed = Run.Replayed
 
 TOPICS: Mapping[str, type[RunEvent]] = MappingProxyType(EVENT_TYPES)
 """Every event class by its stored topic (read-only)."""
@@ -67,6 +68,7 @@ __all__ = [
     "Queued",
     "Reclaimed",
     "Released",
+    "Replayed",
     "Requeued",
     "Resumed",
     "RunEvent",

@@ -69,6 +69,17 @@ ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 -- name: drop_saved
 DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
+-- name: insert_journal
+-- SQLite only: part of an append, like insert_events (PostgreSQL: steptrail_append).
+-- Positional parameters (in this column order): it runs with every step.
+INSERT INTO steptrail_journal (run_id, seq, position, kind, name, fingerprint, outcome)
+VALUES (?, ?, ?, ?, ?, ?, ?);
+
+-- name: drop_journal
+-- SQLite only: settling deletes the journal in the same transaction (PostgreSQL:
+-- steptrail_append).
+DELETE FROM steptrail_journal WHERE run_id = :run_id;
+
 
 -- name: claim
 -- SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
@@ -106,6 +117,10 @@ SELECT * FROM steptrail_runs WHERE idempotency_key = :idempotency_key;
 
 -- name: select_saved
 SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
+
+-- name: select_journal
+SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
+WHERE run_id = :run_id ORDER BY seq;
 
 -- name: select_stale
 SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
@@ -263,6 +278,7 @@ UPDATE steptrail_view_status_counts SET count = count - (
 DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
 INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
 SELECT 0, notification_id, originator_id, originator_version, :now FROM steptrail_events
 WHERE originator_id IN (SELECT value FROM json_each(:ids))
