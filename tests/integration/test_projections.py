@@ -334,3 +334,18 @@ def test_projection__random_lifecycles_live_equals_rebuild(rt: Runtime, commands
             apply_command(rt.store, runs, name, pick)
     store.catch_up(batch=4)
     assert rt.verify("cost_per_agent_day") == []
+
+
+def test_feed__payloads_are_the_logs_own_filtered_by_privacy(rt: Runtime) -> None:
+    """At the default privacy level the feed carries counts and lengths, never the content
+    a step returned, exactly as the log holds it."""
+    run_id = rt.enqueue("scripted", {"steps": 2})
+    rt.work(burst=True)
+    trail = rt.history(run_id)
+    entries = read_all(rt, 100, len(trail))
+    steps = [e for e in entries if isinstance(e.event, events.StepRecorded)]
+    assert [e.event for e in steps] == [
+        h.event for h in trail if isinstance(h.event, events.StepRecorded)
+    ]
+    assert steps
+    assert "thought" not in repr([e.event for e in entries])
