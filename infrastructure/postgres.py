@@ -43,6 +43,7 @@ from steptrail.infrastructure.store_base import (
     state_params,
 )
 from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
@@ -341,17 +342,26 @@ class PostgresRunStore(ClaimsOne):
         return int(row["n"]) if row is not None else 0
 
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction.
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`).
 
-        Locks the runs' rows (their writers wait, then find them gone) and the reporting
-        runner's tracking row (no batch may fold a run half-purged), for one small batch
-        only, so live workers wait milliseconds, not the whole purge.
+        Locks the runs' rows (their writers wait, then find them gone) and the tracking rows
+        of the reporting runner and of each projection, in a fixed order (no batch may fold
+        a run half-purged, or write a purged run's rows back after its `forget`), for one
+        small batch only, so live workers wait milliseconds, not the whole purge.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
-            conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
+            for name in [PROJECTION, *sorted(name for name, _ in projections)]:
+                conn.execute(self.q["init_tracking"], {"projection": name})
+                conn.execute(self.q["lock_tracking"], {"projection": name})
             rows = conn.execute(
                 self.q["select_purgeable"],
                 {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
@@ -361,6 +371,8 @@ class PostgresRunStore(ClaimsOne):
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):
                     conn.execute(statement.encode("utf-8"), params)
+                for _, forget in projections:
+                    forget(ids, PostgresSql(conn))
         return ids
 
     def after_purge(self) -> None:

@@ -112,7 +112,17 @@ class ProjectionStore:
     # -- maintaining ---------------------------------------------------------------------------
 
     def ensure_tables(self) -> None:
-        """Let the projection create its tables (idempotently), once per store object."""
+        """Let the projection create its tables (idempotently), once per store object.
+
+        Raises:
+            ProjectionFailed: its `create_tables` raised.
+        """
+        try:
+            self._ensure_tables()
+        except _Raised as raised:
+            raise ProjectionFailed(self.name, raised.failure) from raised.__cause__
+
+    def _ensure_tables(self) -> None:
         if self._tables_ready:
             return
         with self.d.reporting_write() as tx:
@@ -135,7 +145,7 @@ class ProjectionStore:
             ProjectionFailed: the projection raised; nothing of the batch was kept.
         """
         try:
-            self.ensure_tables()
+            self._ensure_tables()
             idle = self._idle()
             if idle is not None:
                 return 0, idle

@@ -43,6 +43,7 @@ from steptrail.infrastructure.store_base import (
     state_params,
 )
 from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
@@ -490,10 +491,17 @@ class SQLiteRunStore(ClaimsOne):
         return int(row["n"]) if row is not None else 0
 
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction; deleted
-        content is overwritten (secure_delete) so it does not linger in the file."""
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`); deleted content is
+        overwritten (secure_delete) so it does not linger in the file."""
         with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
@@ -504,6 +512,8 @@ class SQLiteRunStore(ClaimsOne):
                 params = {"ids": json.dumps([i.hex for i in ids]), "category": category, "now": at}
                 for statement in statements(self.q["purge_runs"]):
                     cur.execute(statement, params)
+                for _, forget in projections:
+                    forget(ids, SqliteSql(cur))
         return ids
 
     def after_purge(self) -> None:

@@ -109,6 +109,11 @@ class Projection:
         this projection (only it) at the start of the batch; see ADR 0030."""
         raise NotImplementedError
 
+    def forget(self, run_ids: Sequence[UUID], sql: Sql) -> None:
+        """Remove what the projection keeps of these runs: `purge` calls it in the very
+        transaction that deletes them from the log, and no batch of this projection runs
+        meanwhile. Keep no content of a purged run (ADR 0028). Default: nothing."""
+
 
 class FunctionProjection(Projection):
     """A projection made of a function `apply(event, ctx)` and a `create_tables(sql)`."""
@@ -157,3 +162,7 @@ class ProjectionFailed(Exception):
         )
         self.projection = projection
         self.failure = failure
+
+
+PurgeHook = tuple[str, Callable[[Sequence[UUID], Sql], None]]
+"""(projection name, its `forget`): what `purge` calls inside each batch's transaction."""

@@ -315,9 +315,19 @@ class Runtime:
         """Remove every run past its retention window from every table, leaving tombstones.
 
         `days` (≥ 1) overrides every window. Works in batches of `batch` runs, each its own
-        short transaction; an interrupted purge can simply be run again.
+        short transaction, in which each projection's `forget` removes what it keeps of
+        them; an interrupted purge can simply be run again.
         """
-        purger = Purger(self.store, self.retention_policy(), batch=batch, log=self.log)
+        stores = self.projections()
+        for store in stores.values():  # `forget` may only touch tables that exist
+            store.ensure_tables()
+        purger = Purger(
+            self.store,
+            self.retention_policy(),
+            batch=batch,
+            log=self.log,
+            projections=[(s.name, s.projection.forget) for s in stores.values()],
+        )
         return purger.purge(days, progress=progress)
 
     # -- views, audit ----------------------------------------------------------------------------

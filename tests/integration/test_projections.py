@@ -349,3 +349,64 @@ def test_feed__payloads_are_the_logs_own_filtered_by_privacy(rt: Runtime) -> Non
     ]
     assert steps
     assert "thought" not in repr([e.event for e in entries])
+
+
+class StepsPerRun(steptrail.Projection):
+    """Per-run rows (content a purge must take away): steps and tokens of each run."""
+
+    tables = ("steps_per_run",)
+    topics = (events.StepRecorded.TOPIC,)
+
+    def create_tables(self, sql: steptrail.Sql) -> None:
+        sql.execute(
+            "CREATE TABLE IF NOT EXISTS steps_per_run ("
+            " run_id TEXT PRIMARY KEY, steps INTEGER NOT NULL, tokens INTEGER NOT NULL)"
+        )
+
+    def apply(self, event: events.RunEvent, ctx: steptrail.EventContext) -> None:
+        assert isinstance(event, events.StepRecorded)
+        ctx.sql.execute(
+            "INSERT INTO steps_per_run (run_id, steps, tokens) VALUES (:r, 1, :t)"
+            " ON CONFLICT (run_id) DO UPDATE SET steps = steps_per_run.steps + 1,"
+            " tokens = steps_per_run.tokens + excluded.tokens",
+            {"r": str(ctx.run_id), "t": event.tokens},
+        )
+
+    def forget(self, run_ids: Any, sql: steptrail.Sql) -> None:
+        sql.executemany(
+            "DELETE FROM steps_per_run WHERE run_id = :r", [{"r": str(r)} for r in run_ids]
+        )
+
+
+def test_purge__calls_forget_in_its_transaction_and_verify_stays_clean(db_url: str) -> None:
+    """A purge removes what a projection keeps of the purged runs (its `forget`), so the
+    projection still equals a rebuild from the log; runs not purged keep their rows."""
+    app = steptrail.App()
+    app.add_projection("steps_per_run", StepsPerRun())
+    rt = make_runtime(db_url, app)
+    try:
+        old = scripted_mix(rt)
+        settle(rt)
+        stepped = {
+            str(r)
+            for r in old
+            if any(isinstance(h.event, events.StepRecorded) for h in rt.history(r))
+        }
+        assert {row[0] for row in table(rt, "steps_per_run")} == stepped
+        with rt.store.reporting_write() as tx:  # age these runs past the retention window
+            if rt.backend == "sqlite":
+                tx.sql().execute(
+                    "UPDATE steptrail_runs SET created_at = created_at - 3456000000000"
+                )
+            else:
+                tx.sql().execute(
+                    "UPDATE steptrail_runs SET created_at = created_at - interval '40 days'"
+                )
+        young = rt.enqueue("scripted", {"steps": 2})
+        rt.work(burst=True)
+        settle(rt)
+        assert rt.purge().total == len(old)
+        assert [row[0] for row in table(rt, "steps_per_run")] == [str(young)]
+        assert rt.verify("steps_per_run") == []
+    finally:
+        rt.close()
