@@ -17,6 +17,7 @@ SQLite, a private schema on PostgreSQL) with the same code and compares the tabl
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -279,6 +280,30 @@ class ProjectionStore:
         with self.d.reporting_read() as tx:
             rows = tx.all("select_tracking", {"projection": self.name})
         return (int(rows[0]["position_tx"]), int(rows[0]["position"])) if rows else (0, 0)
+
+    def wait_for_run(self, run_id: UUID, *, timeout: float = 10.0) -> Position:
+        """Block until the projection has folded every event the run has now (read your
+        own writes; eventsourcing's `wait`), polling with backoff. Something must be running
+        the projection (a worker, `steptrail project --every`, or `catch_up`).
+
+        Returns the projection's position. Raises TimeoutError, or LookupError for a run
+        the log does not hold.
+        """
+        with self.d.reporting_read() as tx:
+            rows = tx.all("run_head_position", {"run_id": self.d.db_id(run_id)})
+        if not rows:
+            raise LookupError(f"the log holds no event of run {run_id}")
+        target: Position = (int(rows[0]["tx_id"]), int(rows[0]["notification_id"]))
+        deadline = time.monotonic() + timeout
+        pause = 0.01
+        while (position := self.position()) < target:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"projection {self.name!r} at {position} has not reached {target}"
+                )
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.5)
+        return position
 
     def _head(self) -> int:
         with self.d.reporting_read() as tx:

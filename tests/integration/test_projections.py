@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -410,3 +411,18 @@ def test_purge__calls_forget_in_its_transaction_and_verify_stays_clean(db_url: s
         assert rt.verify("steps_per_run") == []
     finally:
         rt.close()
+
+
+def test_wait_for_run__returns_once_the_projection_has_the_run(rt: Runtime) -> None:
+    """Waiting for a run returns when a runner has folded its events, and times out while
+    none runs."""
+    run_id = rt.enqueue("scripted", {"steps": 1})
+    store = rt.projection("cost_per_agent_day")
+    with pytest.raises(TimeoutError):
+        store.wait_for_run(run_id, timeout=0.2)
+    runner = threading.Thread(target=lambda: settle(rt))
+    runner.start()
+    assert store.wait_for_run(run_id, timeout=30) >= (0, 1)
+    runner.join()
+    with pytest.raises(LookupError):
+        store.wait_for_run(uuid4(), timeout=0.1)

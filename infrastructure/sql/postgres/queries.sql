@@ -371,3 +371,10 @@ DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
 INSERT INTO steptrail_tracking (projection, position) VALUES (%(projection)s, 0)
 ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
 DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: run_head_position
+-- Where a run's latest event stands in the log (for waiting until a projection has it).
+SELECT tx_id, notification_id FROM steptrail_events
+WHERE originator_id = %(run_id)s
+ORDER BY originator_version DESC
+LIMIT 1;

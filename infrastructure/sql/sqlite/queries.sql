@@ -336,3 +336,9 @@ DELETE FROM steptrail_projection_failures WHERE projection = :projection;
 INSERT INTO steptrail_tracking (projection, position) VALUES (:projection, 0)
 ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
 DELETE FROM steptrail_projection_failures WHERE projection = :projection;
+
+-- name: run_head_position
+SELECT 0 AS tx_id, notification_id FROM steptrail_events
+WHERE originator_id = :run_id
+ORDER BY originator_version DESC
+LIMIT 1;
