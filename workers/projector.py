@@ -20,7 +20,7 @@ from typing import Protocol
 
 import structlog
 
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.errors import StoreUnavailable, UnreadableEvent
 from steptrail.projections.custom import ProjectionFailed
 
 FIRST_BACKOFF_S = 1.0
@@ -129,13 +129,23 @@ class Projector:
         return busy
 
     def run_forever(self, interval: float, stop: threading.Event) -> None:
-        """Project until `stop` is set; a store outage is logged and retried."""
+        """Project until `stop` is set; a store outage is logged and retried. The views and
+        the projections are tried separately, so neither one's trouble stops the other."""
         while not stop.is_set():
+            consumed, busy = 0, False
             try:
                 consumed = self.run_once()
+            except StoreUnavailable as error:
+                self.log.warning("projection_failed", error=str(error)[:200])
+            except UnreadableEvent as error:
+                # The views stop at the event before it (nothing is skipped) and the runner
+                # keeps trying; the worker around it carries on (ADR 0019).
+                self.log.error(  # noqa: TRY400 - the message names the row; a traceback adds nothing
+                    "projection_stalled", error=str(error)[:300]
+                )
+            try:
                 busy = self.run_projections_once()
             except StoreUnavailable as error:
                 self.log.warning("projection_failed", error=str(error)[:200])
-                consumed, busy = 0, False
             if consumed < self.batch and not busy:
                 stop.wait(interval)

@@ -315,6 +315,13 @@ ON CONFLICT (run_id) DO NOTHING;
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
 
+-- name: after_purge
+-- Deleted rows stay in the table files until VACUUM marks their space reusable; do it now
+-- for the tables a purge touches (plain VACUUM: writers are not blocked). It cannot run in a
+-- transaction, so it runs on an autocommit connection. Old row versions may also stay in
+-- the WAL and its archives; see README "Retention" for what an operator must do.
+VACUUM steptrail_events, steptrail_runs, steptrail_saved,
+    steptrail_view_run_summaries, steptrail_view_dead_letters;
 
 -- name: select_feed
 -- The event feed (ADR 0029): the log in the views' order and under their visibility rule

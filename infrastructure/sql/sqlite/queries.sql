@@ -292,6 +292,10 @@ ON CONFLICT (run_id) DO NOTHING;
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
 
+-- name: after_purge
+-- Fold the WAL back into the database so deleted content leaves the WAL file too (the
+-- deleted pages themselves are overwritten by secure_delete).
+PRAGMA wal_checkpoint(TRUNCATE);
 
 -- name: select_feed
 -- The event feed (ADR 0029): the log by id (writers are serialised, so ids commit in order),
