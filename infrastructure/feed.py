@@ -59,7 +59,7 @@ def parse_position(text: str) -> Position:
         position = (int(tx), int(nid)) if sep else (0, int(tx))
     except ValueError:
         raise ValueError(f"{text!r} is not a feed position (TX:ID)") from None
-    if position[0] < 0 or position[1] < 0:
+    if not all(0 <= part < 2**63 for part in position):  # both are bigint in the store
         raise ValueError(f"{text!r} is not a feed position (TX:ID)")
     return position
 

@@ -10,9 +10,11 @@ from typing import Annotated, Any
 import typer
 
 from steptrail.cli.app import cli, fail, runtime, stop_on_signals
+from steptrail.cli.runs import MAX_EVERY_S
 from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
 
 BATCH = 1000
+MAX_ENTRIES = 10**12  # a bound like every integer option's (a feed is long, not endless)
 
 
 def feed_dict(entry: FeedEntry) -> dict[str, Any]:
@@ -62,10 +64,17 @@ def events(
     ] = False,
     every: Annotated[
         float,
-        typer.Option("--every", min=0.01, metavar="SECONDS", help="With --follow: poll interval."),
+        typer.Option(
+            "--every",
+            min=0.01,
+            max=MAX_EVERY_S,
+            metavar="SECONDS",
+            help="With --follow: poll interval.",
+        ),
     ] = 0.5,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Stop after this many entries.")
+        int | None,
+        typer.Option("--limit", min=1, max=MAX_ENTRIES, help="Stop after this many entries."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:

@@ -35,7 +35,7 @@ def test_positions__round_trip_and_reject_garbage() -> None:
     """A printed feed position parses back; a bare id means transaction 0 (SQLite)."""
     assert parse_position(format_position((812, 40))) == (812, 40)
     assert parse_position("17") == (0, 17)
-    for bad in ("x", "1:y", "-1:2", ""):
+    for bad in ("x", "1:y", "-1:2", "", f"0:{2**63}"):
         with pytest.raises(ValueError, match="not a feed position"):
             parse_position(bad)
 
