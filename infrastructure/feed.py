@@ -81,7 +81,13 @@ def _entry(dialect: Dialect, row: Any) -> FeedEntry:
         run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
         version=int(row["version"]),
         recorded_at=dialect.py_time(row["recorded_at"]),
-        event=decode_event(topic, bytes(row["state"])) if topic is not None else None,
+        event=(
+            decode_event(
+                topic, bytes(row["state"]), where=f"event {row['version']} of run {run_id}"
+            )
+            if topic is not None
+            else None
+        ),
         topic=topic,
         purged_at=dialect.py_time(row["purged_at"]),
     )

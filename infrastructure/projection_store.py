@@ -206,7 +206,8 @@ class ProjectionStore:
             raw_id = r["run_id"]
             run_id = run_ids.get(raw_id) or run_ids.setdefault(raw_id, _uuid(raw_id))
             try:
-                event = decode_event(topic, bytes(r["state"]))
+                where = f"event {r['version']} of run {run_id}"
+                event = decode_event(topic, bytes(r["state"]), where=where)
                 recorded_at = self.d.py_time(r["recorded_at"])
                 assert recorded_at is not None
                 ctx = EventContext(
