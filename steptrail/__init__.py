@@ -13,10 +13,14 @@ with steptrail.open(app) as rt:          # sqlite:///steptrail.db unless configu
     run_id = rt.enqueue("summarise", {"text": "..."})
     rt.work(burst=True)
     print(rt.get(run_id).status)
+
+Async agents (`async def`, with an `AsyncRunContext` whose steps are awaited) run on the
+worker's event loop; from async code, `async with steptrail.open_async(app) as rt:`.
 """
 
 from __future__ import annotations
 
+from steptrail.async_runtime import AsyncRuntime, open_async
 from steptrail.domain.classifier import (
     ClassifiedError,
     FallbackChainExhausted,
@@ -50,7 +54,9 @@ from steptrail.projections.custom import (
 )
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
+    AwaitableInSyncStep,
     Recorded,
     Resumption,
     RunContext,
@@ -58,7 +64,7 @@ from steptrail.workers.context import (
     RunTimedOut,
     StepTimedOut,
 )
-from steptrail.workers.execute import SegmentResult
+from steptrail.workers.execute import AwaitableAgent, LoopAlreadyRunning, SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.segment import LeaseLost
@@ -67,6 +73,10 @@ open = open_runtime
 
 __all__ = [
     "App",
+    "AsyncRunContext",
+    "AsyncRuntime",
+    "AwaitableAgent",
+    "AwaitableInSyncStep",
     "ClassifiedError",
     "DigestMismatch",
     "Effect",
@@ -79,6 +89,7 @@ __all__ = [
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "LoopAlreadyRunning",
     "NonDeterministic",
     "Outcome",
     "PrivacyLevel",
@@ -106,6 +117,7 @@ __all__ = [
     "UnknownRun",
     "format_position",
     "open",
+    "open_async",
     "open_runtime",
     "parse_position",
 ]

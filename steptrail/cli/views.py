@@ -7,6 +7,7 @@ import threading
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from steptrail.cli.app import (
@@ -21,6 +22,7 @@ from steptrail.cli.app import (
     stop_on_signals,
 )
 from steptrail.cli.runs import MAX_EVERY_S, MAX_LIMIT
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.factory import ReadOnlyStore
 from steptrail.infrastructure.feed import format_position
 from steptrail.infrastructure.projection_store import TrackedStatus
@@ -47,9 +49,15 @@ def stats(
     """Counts by agent and status, and by reason; the oldest queued run's age and the number
     of expired leases (from the live run index)."""
     with runtime(ctx) as rt:
-        refresh_views(rt)
+        try:
+            refresh_views(rt)
+        except StoreUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - a poison batch: show the rest, and say so
+            rt.projector().failed(error, 1)
         views = rt.views
         counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
+        runner = views.runner()
         tracked = rt.tracked()
     oldest = (
         (health.now - health.oldest_queued_at).total_seconds()
@@ -67,6 +75,11 @@ def stats(
                 ],
                 "oldest_queued_age_seconds": oldest,
                 "stale_leases": health.stale_leases,
+                "views": {
+                    "position": list(runner.position),
+                    "failed_batches": runner.failures,
+                    "last_error": runner.last_error,
+                },
                 "projections": [tracked_dict(t) for t in tracked],
             }
         )
@@ -85,6 +98,13 @@ def stats(
     out.print(by_reason)
     out.print(f"oldest queued run: {f'{oldest:.1f} s' if oldest is not None else 'none queued'}")
     out.print(f"expired leases (stale runs awaiting the reaper): {health.stale_leases}")
+    if runner.failures:
+        out.print(
+            f"[red]views stuck[/red]: {runner.failures} batch(es) failed in a row at position "
+            f"{runner.position}; last error: {escape(runner.last_error or '')}",
+            markup=True,
+            highlight=False,
+        )
     projections = Table(title="Projections")
     for column in ("projection", "position", "lag (events)", "state"):
         projections.add_column(column, overflow="fold")
@@ -92,11 +112,11 @@ def stats(
         state = "ok"
         if t.failure is not None:
             state = (
-                f"[red]stopped[/] at {format_position(t.failure.position)} "
+                f"stopped at {format_position(t.failure.position)} "
                 f"({t.failure.topic}, run {t.failure.run_id}, {t.failure.attempts} attempt(s)): "
                 f"{t.failure.error}"
             )
-        projections.add_row(t.name, format_position(t.position), str(t.lag), state)
+        add_row(projections, t.name, format_position(t.position), t.lag, state)
     out.print(projections)
 
 
