@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import psycopg_pool
 from eventsourcing.postgres import PostgresDatastore
-from psycopg.rows import DictRow
+from psycopg import sql as pgsql
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
@@ -41,6 +42,8 @@ from steptrail.infrastructure.store_base import (
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
@@ -363,17 +366,26 @@ class PostgresRunStore(ClaimsOne):
             return [r["run_id"] for r in rows]
 
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction.
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`).
 
-        Locks the runs' rows (their writers wait, then find them gone) and the reporting
-        runner's tracking row (no batch may fold a run half-purged), for one small batch
-        only, so live workers wait milliseconds, not the whole purge.
+        Locks the runs' rows (their writers wait, then find them gone) and the tracking rows
+        of the reporting runner and of each projection, in a fixed order (no batch may fold
+        a run half-purged, or write a purged run's rows back after its `forget`), for one
+        small batch only, so live workers wait milliseconds, not the whole purge.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
-            conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
+            for name in [PROJECTION, *sorted(name for name, _ in projections)]:
+                conn.execute(self.q["init_tracking"], {"projection": name})
+                conn.execute(self.q["lock_tracking"], {"projection": name})
             rows = conn.execute(
                 self.q["select_purgeable"],
                 {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
@@ -383,6 +395,8 @@ class PostgresRunStore(ClaimsOne):
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):
                     conn.execute(statement.encode("utf-8"), params)
+                for _, forget in projections:
+                    forget(ids, PostgresSql(conn))
         return ids
 
     def after_purge(self) -> None:
@@ -407,6 +421,35 @@ class PostgresRunStore(ClaimsOne):
     def reporting_read(self) -> Iterator[_PgTx]:
         with self._connection() as conn:
             yield _PgTx(conn, self.q)
+
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_PgTx]]]:
+        """A private schema to rebuild a projection into (`verify`), on a connection of its
+        own whose search path holds only that schema, so the projection's unqualified table
+        names resolve to the scratch copies; yields a function that opens a transaction on
+        it. Each transaction is short (a batch): a long one would hold every reader of the
+        log back (ADR 0012). The schema is dropped at the end."""
+        schema = f"steptrail_scratch_{uuid4().hex[:12]}"
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        except _CONNECTION_ERRORS as e:
+            raise StoreUnavailable(_first_line(e)) from e
+        try:
+            conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+            conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
+
+            @contextmanager
+            def transaction() -> Iterator[_PgTx]:
+                with conn.transaction():
+                    yield _PgTx(conn, self.q)
+
+            yield transaction
+        finally:
+            with suppress(psycopg.Error):
+                conn.execute(
+                    pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema))
+                )
+            conn.close()
 
     @staticmethod
     def db_id(value: UUID) -> Any:
@@ -479,6 +522,16 @@ class _PgTx:
         if params:
             with self.conn.cursor() as cur:
                 cur.executemany(self.q[name], params)
+
+    def sql(self) -> PostgresSql:
+        """The handle a user projection writes through, on this transaction."""
+        return PostgresSql(self.conn)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return postgres_rows_of(self.conn, table)
+
+    def drop(self, table: str) -> None:
+        postgres_drop(self.conn, table)
 
 
 def _index_row(row: DictRow) -> RunRow:

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +43,8 @@ from steptrail.infrastructure.store_base import (
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
@@ -699,10 +701,17 @@ class SQLiteRunStore(ClaimsOne):
             return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction; deleted
-        content is overwritten (secure_delete) so it does not linger in the file."""
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`); deleted content is
+        overwritten (secure_delete) so it does not linger in the file."""
         with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
@@ -718,6 +727,8 @@ class SQLiteRunStore(ClaimsOne):
                 params = {"ids": json.dumps([i.hex for i in ids]), "category": category, "now": at}
                 for statement in statements(self.q["purge_runs"]):
                     cur.execute(statement, params)
+                for _, forget in projections:
+                    forget(ids, SqliteSql(cur))
         return ids
 
     def after_purge(self) -> None:
@@ -742,6 +753,29 @@ class SQLiteRunStore(ClaimsOne):
     def reporting_read(self) -> Iterator[_SqliteTx]:
         with self._read() as cur:
             yield _SqliteTx(cur, self.q)
+
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_SqliteTx]]]:
+        """A private in-memory database to rebuild a projection into (`verify`); yields a
+        function that opens a transaction on it. Nothing of it outlives the block."""
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+
+        @contextmanager
+        def transaction() -> Iterator[_SqliteTx]:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            try:
+                yield _SqliteTx(cur, self.q)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+        try:
+            yield transaction
+        finally:
+            conn.close()
 
     @staticmethod
     def db_id(value: UUID) -> Any:
@@ -798,6 +832,16 @@ class _SqliteTx:
     def many(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
         if params:
             self.cur.executemany(self.q[name], [dict(p) for p in params])
+
+    def sql(self) -> SqliteSql:
+        """The handle a user projection writes through, on this transaction."""
+        return SqliteSql(self.cur)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return sqlite_rows_of(self.cur, table)
+
+    def drop(self, table: str) -> None:
+        sqlite_drop(self.cur, table)
 
 
 def _index_row(row: sqlite3.Row) -> RunRow:

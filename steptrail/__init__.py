@@ -43,7 +43,15 @@ from steptrail.domain.errors import (
 )
 from steptrail.domain.journal import NonDeterministic, ReplayedError
 from steptrail.domain.ports import RecordedEvent
+from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
 from steptrail.infrastructure.settings import Settings
+from steptrail.projections.custom import (
+    EventContext,
+    Projection,
+    ProjectionFailed,
+    Sql,
+    Tracking,
+)
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
 from steptrail.workers.async_context import AsyncRunContext
@@ -72,8 +80,10 @@ __all__ = [
     "ClassifiedError",
     "DigestMismatch",
     "Effect",
+    "EventContext",
     "FailureClass",
     "FallbackChainExhausted",
+    "FeedEntry",
     "HttpStatusError",
     "IllegalTransition",
     "InvalidInput",
@@ -83,6 +93,8 @@ __all__ = [
     "NonDeterministic",
     "Outcome",
     "PrivacyLevel",
+    "Projection",
+    "ProjectionFailed",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
@@ -96,12 +108,16 @@ __all__ = [
     "Runtime",
     "SegmentResult",
     "Settings",
+    "Sql",
     "StepTimedOut",
     "StoreUnavailable",
     "TerminationReason",
+    "Tracking",
     "UnknownAgent",
     "UnknownRun",
+    "format_position",
     "open",
     "open_async",
     "open_runtime",
+    "parse_position",
 ]

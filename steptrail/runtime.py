@@ -26,11 +26,18 @@ from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run, RunState, fold
 from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.feed import FeedEntry, read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
 from steptrail.infrastructure.postgres import PostgresRunStore
+from steptrail.infrastructure.projection_store import (
+    ProjectionStore,
+    TrackedStatus,
+    tracked_statuses,
+)
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlite import SQLiteRunStore
+from steptrail.projections.custom import Position, ProjectionFailed
 from steptrail.projections.run_index import RunRow
 from steptrail.workers import maintenance
 from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
@@ -67,6 +74,7 @@ class Runtime:
         self.store = store
         self.log = log or steptrail_logger()
         self._keeper: LeaseKeeper | None = None
+        self._projections: dict[str, ProjectionStore] = {}
         self.threads = StoreThreads()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -343,9 +351,19 @@ class Runtime:
         """Remove every run past its retention window from every table, leaving tombstones.
 
         `days` (≥ 1) overrides every window. Works in batches of `batch` runs, each its own
-        short transaction; an interrupted purge can simply be run again.
+        short transaction, in which each projection's `forget` removes what it keeps of
+        them; an interrupted purge can simply be run again.
         """
-        purger = Purger(self.store, self.retention_policy(), batch=batch, log=self.log)
+        stores = self.projections()
+        for store in stores.values():  # `forget` may only touch tables that exist
+            store.ensure_tables()
+        purger = Purger(
+            self.store,
+            self.retention_policy(),
+            batch=batch,
+            log=self.log,
+            projections=[(s.name, s.projection.forget) for s in stores.values()],
+        )
         return purger.purge(days, progress=progress)
 
     # -- views, audit ----------------------------------------------------------------------------
@@ -360,7 +378,54 @@ class Runtime:
         return self.views.catch_up(batch=batch)
 
     def projector(self) -> Projector:
-        return Projector(self.views, log=self.log)
+        """The runner of the reporting views and of every projection the app registered."""
+        return Projector(self.views, log=self.log, projections=list(self.projections().values()))
+
+    # -- your projections, the feed ----------------------------------------------------------------
+
+    def projections(self) -> dict[str, ProjectionStore]:
+        """The tracked store of each projection the app registered, by name."""
+        for name, projection in self.app.projections.items():
+            if name not in self._projections:
+                self._projections[name] = ProjectionStore(self.store, projection)
+        return dict(self._projections)
+
+    def projection(self, name: str) -> ProjectionStore:
+        """One registered projection's store.
+
+        Raises:
+            ValueError: no projection of that name.
+        """
+        stores = self.projections()
+        if name not in stores:
+            known = ", ".join(sorted(stores)) or "none registered"
+            raise ValueError(f"unknown projection {name!r} ({known})")
+        return stores[name]
+
+    def project_all(self, *, batch: int = 1000) -> dict[str, int | ProjectionFailed]:
+        """Bring the reporting views and every projection up to the log's head now.
+
+        Returns the events each folded, or the failure of a projection that raised (the
+        others still ran). A store outage raises.
+        """
+        done: dict[str, int | ProjectionFailed] = {"reporting": self.project(batch=batch)}
+        for name, store in self.projections().items():
+            try:
+                done[name] = store.catch_up(batch=batch)
+            except ProjectionFailed as failed:
+                done[name] = failed
+        return done
+
+    def tracked(self) -> list[TrackedStatus]:
+        """Where each tracked projection stands — the reporting views and every projection
+        that has ever run on this database, registered in this process's app or not:
+        position, lag in events, and the failure that stopped it, if any."""
+        return tracked_statuses(self.store)
+
+    def events(self, *, after: Position = (0, 0), limit: int = 1000) -> list[FeedEntry]:
+        """The next `limit` entries of the log after `after`, in the views' order: events,
+        and markers of purged ones. Save the last entry's `position` to resume from."""
+        return read_feed(self.store, after=after, limit=limit)
 
     def audit(self, run_id: UUID, at_version: int) -> tuple[RunState, list[RecordedEvent]]:
         """The run's state as of `at_version`, and the events that led there.
@@ -379,16 +444,44 @@ class Runtime:
     def rebuild(
         self, view: str = "all", *, progress: Callable[[str, int, int], None] | None = None
     ) -> dict[str, int]:
-        """Drop and rebuild views from the log: `run-index`, `reporting` or `all`.
+        """Drop and rebuild views from the log: `run-index`, `reporting`, one of your
+        projections by name, or `all` (every one of them).
 
         The run index is rebuilt in one transaction that pauses writers; the reporting
-        views are emptied and refolded batch by batch. Raises ValueError for another name.
+        views and projections are emptied and refolded batch by batch. Raises ValueError
+        for another name, ProjectionFailed if a projection raises while refolding.
         """
-        return maintenance.rebuild(self.store, self.views, view, progress=progress)
+        stores = self.projections()
+        if view in stores:
+            return {view: self._rebuild_projection(stores[view], progress)}
+        done = maintenance.rebuild(self.store, self.views, view, progress=progress)
+        if view == "all":
+            for store in stores.values():
+                done[store.name] = self._rebuild_projection(store, progress)
+        return done
 
-    def verify(self) -> list[str]:
-        """Rebuild every view in memory from the log and list how the live ones differ."""
-        return self.verify_index() + self.verify_views()
+    @staticmethod
+    def _rebuild_projection(
+        store: ProjectionStore, progress: Callable[[str, int, int], None] | None
+    ) -> int:
+        return store.rebuild(
+            progress=(lambda n, total: progress(store.name, n, total)) if progress else None
+        )
+
+    def verify(self, view: str | None = None) -> list[str]:
+        """Rebuild views in a scratch copy from the log and list how the live ones differ:
+        every view (None), `run-index`, `reporting`, or one of your projections by name."""
+        stores = self.projections()
+        if view is None:
+            problems = self.verify_index() + self.verify_views()
+            for store in stores.values():
+                problems += store.verify()
+            return problems
+        if view == "run-index":
+            return self.verify_index()
+        if view == "reporting":
+            return self.verify_views()
+        return self.projection(view).verify()
 
     def verify_index(self) -> list[str]:
         """Differences between the live run index and one rebuilt from the log."""

@@ -44,6 +44,7 @@ def test_help__every_command_explains_itself(sqlite_url: str) -> None:
         "project",
         "purge",
         "metrics",
+        "events",
     )
     for command in commands:
         assert command in top.stdout

@@ -342,7 +342,8 @@ FOR UPDATE;
 -- name: purge_runs
 -- Everything that holds anything of these runs, in one transaction: the views (counts first,
 -- from the summaries the views themselves hold), the saved state, the log, the index; then
--- the tombstones. The caller holds the runs' rows and the reporting runner's tracking row.
+-- the tombstones, and where each purged event stood in the log (for the feed, ADR 0029). The
+-- caller holds the runs' rows and the reporting runner's tracking row.
 UPDATE steptrail_view_status_counts AS c SET count = c.count - d.n
 FROM (
     SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries
@@ -353,6 +354,10 @@ DELETE FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_view_dead_letters WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_saved WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_journal WHERE run_id = ANY(%(ids)s::uuid[]);
+INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
+SELECT tx_id, notification_id, originator_id, originator_version, now() FROM steptrail_events
+WHERE originator_id = ANY(%(ids)s::uuid[])
+ON CONFLICT DO NOTHING;
 DELETE FROM steptrail_events WHERE originator_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)
@@ -369,3 +374,66 @@ SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
 -- the WAL and its archives; see README "Retention" for what an operator must do.
 VACUUM steptrail_events, steptrail_runs, steptrail_saved,
     steptrail_view_run_summaries, steptrail_view_dead_letters;
+
+-- name: select_feed
+-- The event feed (ADR 0029): the log in the views' order and under their visibility rule
+-- (select_notifications), merged with the positions of purged events, so a consumer passing
+-- a purged position is told so. One statement, so one snapshot: a purge committing meanwhile
+-- shows each position either as its event or as its marker, never neither. Each arm takes
+-- its first `limit` rows by index, so only 2 x limit rows are ever sorted.
+(SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+        recorded_at, topic, state, NULL::timestamptz AS purged_at
+ FROM steptrail_events
+ WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY tx_id, notification_id
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+ FROM steptrail_purged_events
+ WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY position_tx, position
+ LIMIT %(limit)s)
+ORDER BY tx_id, notification_id
+LIMIT %(limit)s;
+
+-- name: count_after
+-- How far a reader at this position is behind the log (the lag metric).
+SELECT count(*) AS n FROM steptrail_events
+WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint);
+
+-- name: select_all_tracking
+SELECT projection, position_tx, position FROM steptrail_tracking ORDER BY projection;
+
+-- name: select_failures
+SELECT * FROM steptrail_projection_failures ORDER BY projection;
+
+-- name: record_failure
+-- A projection's batch raised (and rolled back); its position is where it stands still.
+INSERT INTO steptrail_projection_failures AS f (
+    projection, position_tx, position, run_id, topic, error, failed_at, attempts
+) VALUES (
+    %(projection)s, %(position_tx)s, %(position)s, %(run_id)s, %(topic)s, %(error)s, now(), 1
+)
+ON CONFLICT (projection) DO UPDATE SET
+    position_tx = EXCLUDED.position_tx, position = EXCLUDED.position,
+    run_id = EXCLUDED.run_id, topic = EXCLUDED.topic, error = EXCLUDED.error,
+    failed_at = EXCLUDED.failed_at, attempts = f.attempts + 1;
+
+-- name: clear_failure
+DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: rewind_tracking
+-- A user projection's rebuild: back to the start, failure forgotten (its tables are dropped
+-- and created again in the same transaction).
+INSERT INTO steptrail_tracking (projection, position) VALUES (%(projection)s, 0)
+ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
+DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: run_head_position
+-- Where a run's latest event stands in the log (for waiting until a projection has it).
+SELECT tx_id, notification_id FROM steptrail_events
+WHERE originator_id = %(run_id)s
+ORDER BY originator_version DESC
+LIMIT 1;

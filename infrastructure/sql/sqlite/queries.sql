@@ -306,6 +306,10 @@ DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
+INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
+SELECT 0, notification_id, originator_id, originator_version, :now FROM steptrail_events
+WHERE originator_id IN (SELECT value FROM json_each(:ids))
+ON CONFLICT DO NOTHING;
 DELETE FROM steptrail_events WHERE originator_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_runs WHERE run_id IN (SELECT value FROM json_each(:ids));
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)
@@ -319,3 +323,53 @@ SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
 -- Fold the WAL back into the database so deleted content leaves the WAL file too (the
 -- deleted pages themselves are overwritten by secure_delete).
 PRAGMA wal_checkpoint(TRUNCATE);
+
+-- name: select_feed
+-- The event feed (ADR 0029): the log by id (writers are serialised, so ids commit in order),
+-- merged with the positions of purged events. A bare compound SELECT, so that SQLite merges
+-- the two arms in index order and stops at the LIMIT instead of sorting the whole tail.
+SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state, NULL AS purged_at
+FROM steptrail_events
+WHERE notification_id > :after
+UNION ALL
+SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+FROM steptrail_purged_events
+WHERE position_tx = 0 AND position > :after
+ORDER BY notification_id
+LIMIT :limit;
+
+-- name: count_after
+SELECT count(*) AS n FROM steptrail_events WHERE notification_id > :after;
+
+-- name: select_all_tracking
+SELECT projection, position_tx, position FROM steptrail_tracking ORDER BY projection;
+
+-- name: select_failures
+SELECT * FROM steptrail_projection_failures ORDER BY projection;
+
+-- name: record_failure
+INSERT INTO steptrail_projection_failures (
+    projection, position_tx, position, run_id, topic, error, failed_at, attempts
+) VALUES (
+    :projection, :position_tx, :position, :run_id, :topic, :error, :now, 1
+)
+ON CONFLICT (projection) DO UPDATE SET
+    position_tx = excluded.position_tx, position = excluded.position,
+    run_id = excluded.run_id, topic = excluded.topic, error = excluded.error,
+    failed_at = excluded.failed_at,
+    attempts = steptrail_projection_failures.attempts + 1;
+
+-- name: clear_failure
+DELETE FROM steptrail_projection_failures WHERE projection = :projection;
+
+-- name: rewind_tracking
+INSERT INTO steptrail_tracking (projection, position) VALUES (:projection, 0)
+ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
+DELETE FROM steptrail_projection_failures WHERE projection = :projection;
+
+-- name: run_head_position
+SELECT 0 AS tx_id, notification_id FROM steptrail_events
+WHERE originator_id = :run_id
+ORDER BY originator_version DESC
+LIMIT 1;
