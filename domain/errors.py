@@ -33,3 +33,7 @@ class StoreUnavailable(DomainError):
 
 class UnknownRun(DomainError):
     """No run has that id."""
+
+
+class PendingWrite(IllegalTransition):
+    """A retry would run again a non-idempotent write that may have happened; needs force."""

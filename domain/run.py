@@ -32,7 +32,7 @@ from steptrail.domain.enums import (
     TerminationReason,
     WaitKind,
 )
-from steptrail.domain.errors import DigestMismatch, IllegalTransition
+from steptrail.domain.errors import DigestMismatch, IllegalTransition, PendingWrite
 
 # Every event class, by its stored topic. Topics are stable names written into the log, so a
 # module or class rename never orphans stored events; they are never renamed (STYLE 3).
@@ -459,6 +459,35 @@ class Run:
             s = self._require(state)
             return s.evolve(status=RunStatus.QUEUED, waiting=None, retry_delay_ms=0)
 
+    class Retried(RunEvent):
+        """An operator put a failed run back on the queue (ADR 0025).
+
+        The run keeps its history and its step count; its pending-effect markers are cleared
+        (the operator vouched for them: `forced` says a non-idempotent write was among them,
+        `cleared_tools` names them) and, with `reset_budget`, its requeue budget starts over.
+        """
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Retried"
+        reset_budget: bool = False
+        forced: bool = False
+        previous_reason: TerminationReason | None = None
+        cleared_tools: tuple[str, ...] = ()
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _released(
+                s,
+                RunStatus.QUEUED,
+                reason=None,
+                has_saved_request=True,
+                has_resumable_state=False,
+                waiting=None,
+                decision=None,
+                pending_effects=(),
+                retry_delay_ms=0,
+                requeue_count=0 if self.reset_budget else s.requeue_count,
+            )
+
     # -- construction --------------------------------------------------------------------------
 
     def __init__(self, state: RunState) -> None:
@@ -686,6 +715,35 @@ class Run:
                 cause=cause,
                 failure_class=failure_class,
                 error_type=error_type,
+            )
+        )
+
+    def retry(self, *, actor: str, reset_budget: bool = False, force: bool = False) -> None:
+        """Put a failed run back on the queue. The caller has checked that its request is
+        still saved; a pending non-idempotent write (the write may have happened) is refused
+        unless `force`, which the event records."""
+        if self._state.status is not RunStatus.FAILED:
+            raise IllegalTransition(
+                f"only a failed run can be retried; this one is {self._state.status}"
+            )
+        if not actor.strip():
+            raise IllegalTransition("a retry needs the name of who retries (--by)")
+        pending_write = self._state.pending_non_idempotent_write
+        if pending_write and not force:
+            tools = ", ".join(
+                p.tool for p in self._state.pending_effects if p.effect.is_write
+            )
+            raise PendingWrite(
+                f"a non-idempotent write ({tools}) may have happened before the run failed; "
+                "retry with --force to run it again on your responsibility"
+            )
+        self._trigger(
+            self.Retried(
+                actor=actor,
+                reset_budget=reset_budget,
+                forced=pending_write,
+                previous_reason=self._state.reason,
+                cleared_tools=tuple(p.tool for p in self._state.pending_effects),
             )
         )
 

@@ -253,6 +253,15 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_runs"], params)]
 
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": since, "limit": limit}
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_failed_runs"], params)
+            return [r["run_id"] for r in rows]
+
     def all_rows(self) -> list[RunRow]:
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]

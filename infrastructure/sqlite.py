@@ -280,7 +280,10 @@ class SQLiteRunStore(ClaimsOne):
                     {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
+                cur.execute(
+                    self.q["drop_saved"],
+                    {"run_id": run.id.hex, "status": run.state.status.value},
+                )
         run.mark_committed()
         self._wake_if_queued(run)
 
@@ -372,6 +375,15 @@ class SQLiteRunStore(ClaimsOne):
         with self._read() as cur:
             cur.execute(self.q["select_runs"], params)
             return [_index_row(r) for r in cur.fetchall()]
+
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": to_us(since), "limit": limit}
+        with self._read() as cur:
+            cur.execute(self.q["select_failed_runs"], params)
+            return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def all_rows(self) -> list[RunRow]:
         with self._read() as cur:

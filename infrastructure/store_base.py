@@ -60,6 +60,9 @@ def side_effects(state: RunState) -> tuple[bool, bool]:
     """(drop saved state, notify idle workers) for a run that has just become `state`.
 
     Settling drops the saved request and resumable state in the same transaction, which is
-    how they are "cleared" although the log itself is never rewritten (ADR 0008).
+    how they are "cleared" although the log itself is never rewritten (ADR 0008). A *failed*
+    run keeps its request, until it is purged or retried, so that an operator can put it back
+    on the queue (ADR 0025); that exception lives in the SQL that drops (`drop_saved` on
+    SQLite, `steptrail_append` on PostgreSQL), which is given the new status.
     """
     return state.status.is_terminal, state.status is RunStatus.QUEUED

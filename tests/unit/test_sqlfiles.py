@@ -27,12 +27,17 @@ def test_queries__same_names_on_both_backends() -> None:
     assert lite - pg == set(BACKEND_ONLY) & lite
 
 
-def test_migrations__numbered_alike_and_contiguous() -> None:
-    """Both backends have the same migrations, numbered 1, 2, 3 … without gaps."""
+def test_migrations__numbered_alike_and_increasing() -> None:
+    """Both backends have the same migrations, numbered upward from 1 without repeats.
+
+    Numbers are reserved per piece of work in parallel branches, so a branch may hold 0009
+    before 0005 has landed; the migrator applies whatever is missing, in number order."""
     pg = [(n, name) for n, name, _ in migrations("postgres")]
     lite = [(n, name) for n, name, _ in migrations("sqlite")]
     assert pg == lite
-    assert [n for n, _ in pg] == list(range(1, len(pg) + 1))
+    numbers = [n for n, _ in pg]
+    assert numbers[0] == 1
+    assert numbers == sorted(set(numbers))
 
 
 def test_parse__rejects_a_name_defined_twice() -> None:

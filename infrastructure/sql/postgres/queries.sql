@@ -144,6 +144,17 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC, run_id
 LIMIT %(limit)s;
 
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs
+WHERE status = 'failed'
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+  AND updated_at >= %(since)s
+ORDER BY updated_at, run_id
+LIMIT %(limit)s;
+
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
 

@@ -67,7 +67,10 @@ INSERT INTO steptrail_saved (run_id, kind, body) VALUES (:run_id, :kind, :body)
 ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 
 -- name: drop_saved
-DELETE FROM steptrail_saved WHERE run_id = :run_id;
+-- A settle drops the run's saved state, except that a failed run keeps its request until it
+-- is purged or retried (ADR 0025); PostgreSQL's steptrail_append applies the same rule.
+DELETE FROM steptrail_saved
+WHERE run_id = :run_id AND NOT (:status = 'failed' AND kind = 'request');
 
 
 -- name: claim
@@ -129,6 +132,17 @@ WHERE (:status IS NULL OR status = :status)
   AND (:agent IS NULL OR agent = :agent)
   AND (:reason IS NULL OR reason = :reason)
 ORDER BY created_at DESC, run_id
+LIMIT :limit;
+
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_idx
+WHERE status = 'failed'
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+  AND updated_at >= :since
+ORDER BY updated_at, run_id
 LIMIT :limit;
 
 -- name: select_all_runs
