@@ -44,6 +44,8 @@ def test_help__every_command_explains_itself(sqlite_url: str) -> None:
         "project",
         "purge",
         "metrics",
+        "retry",
+        "console",
     )
     for command in commands:
         assert command in top.stdout
@@ -296,3 +298,29 @@ def test_metrics__prometheus_text_from_the_views(db_url: str) -> None:
     assert "steptrail_stale_leases 0.0" in text
     age = next(line for line in text.splitlines() if line.startswith("steptrail_oldest_queued"))
     assert float(age.split()[1]) >= 0.0
+
+
+def test_retry__dead_letter_back_on_the_queue_and_refusals(db_url: str) -> None:
+    """`retry` requeues a dead letter (recorded with --by); a second retry and a bare call
+    are refused with clear errors; bulk retry by agent reports what it did."""
+    made = steptrail(
+        "enqueue", "scripted", "-r", '{"steps": 2, "fail": {"class": "auth", "at": 1}}',
+        url=db_url,
+    )
+    run_id = made.stdout.strip()
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    done = steptrail("retry", run_id, "--by", "alice", "--reset-budget", url=db_url)
+    assert done.returncode == 0, done.stderr
+    assert "queued" in done.stdout
+    shown = json.loads(steptrail("show", run_id, "--json", url=db_url).stdout)
+    last = shown["events"][-1]
+    assert (last["event"], last["actor"], last["reset_budget"]) == ("Retried", "alice", True)
+    again = steptrail("retry", run_id, "--by", "alice", url=db_url)
+    assert again.returncode == 1
+    assert "only a failed run" in again.stderr
+    bare = steptrail("retry", url=db_url)
+    assert bare.returncode == 2
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    bulk = steptrail("retry", "--agent", "scripted", "--since", "1h", "--by", "bob", url=db_url)
+    assert bulk.returncode == 0, bulk.stderr
+    assert "retried 1 run(s), refused 0" in bulk.stdout
