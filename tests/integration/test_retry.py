@@ -17,6 +17,7 @@ from steptrail.domain.errors import IllegalTransition, PendingWrite, UnknownRun
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from tests.conftest import make_runtime
+from tests.console_helpers import caught_up
 
 
 @pytest.fixture
@@ -74,9 +75,9 @@ def test_retry__dead_letter_runs_again_and_completes(
 def test_retry__views_follow_the_run_back_to_the_queue(rt: Runtime) -> None:
     """The reporting views count the retried run as queued and it is no longer ended."""
     run_id = dead(rt)
-    rt.project()
+    caught_up(rt)
     rt.retry(run_id, by="alice")
-    rt.project()
+    caught_up(rt)
     summary = rt.views.summary(run_id)
     assert summary is not None
     assert (summary.state.status, summary.ended_at) == (RunStatus.QUEUED, None)
