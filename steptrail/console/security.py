@@ -151,7 +151,7 @@ class Guard:
                     (b"content-security-policy", CSP.encode()),
                     (b"x-content-type-options", b"nosniff"),
                     (b"x-frame-options", b"DENY"),
-                    (b"referrer-policy", b"no-referrer"),
+                    (b"referrer-policy", b"same-origin"),
                 ]
                 if not scope["path"].startswith("/static/"):
                     extra.append((b"cache-control", b"no-store"))
@@ -178,7 +178,7 @@ async def _plain(send: Send, status: int, text: str) -> None:
 
 
 async def _redirect(send: Send, location: str, cookies: list[str]) -> None:
-    headers = [(b"location", location.encode("latin-1")), (b"referrer-policy", b"no-referrer")]
+    headers = [(b"location", location.encode("latin-1")), (b"referrer-policy", b"same-origin")]
     headers += [(b"set-cookie", c.encode("latin-1")) for c in cookies]
     await send({"type": "http.response.start", "status": 303, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
