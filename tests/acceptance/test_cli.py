@@ -161,6 +161,8 @@ def test_demo__finishes_on_embedded_sqlite(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for word in ("completed", "not_retry", "cancelled", "Reclaimed", "Event trail"):
         assert word in result.stdout
+    assert f"steptrail --database-url {url} console" in result.stdout
+    assert "http://127.0.0.1:8765/" in result.stdout
 
 
 def test_approve_deny_input__from_the_command_line(db_url: str) -> None:
