@@ -730,9 +730,7 @@ class Run:
             raise IllegalTransition("a retry needs the name of who retries (--by)")
         pending_write = self._state.pending_non_idempotent_write
         if pending_write and not force:
-            tools = ", ".join(
-                p.tool for p in self._state.pending_effects if p.effect.is_write
-            )
+            tools = ", ".join(p.tool for p in self._state.pending_effects if p.effect.is_write)
             raise PendingWrite(
                 f"a non-idempotent write ({tools}) may have happened before the run failed; "
                 "retry with --force to run it again on your responsibility"

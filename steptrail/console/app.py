@@ -30,7 +30,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from steptrail.console import pages
-from steptrail.console.forms import values_from
+from steptrail.console.forms import fields_for, values_from
 from steptrail.console.security import CSRF_COOKIE, CSRF_FIELD, Guard, csrf_ok
 from steptrail.domain.errors import DigestMismatch, DomainError, InvalidInput, UnknownRun
 from steptrail.runtime import Runtime
@@ -118,9 +118,7 @@ class Console:
         return HTMLResponse(html, status_code=status)
 
     def problem(self, request: Request, status: int, message: str) -> Response:
-        heading = {400: "Bad request", 404: "Not found"}.get(
-            status, "Refused: nothing was changed"
-        )
+        heading = {400: "Bad request", 404: "Not found"}.get(status, "Refused: nothing was changed")
         return self.render(request, "problem.html", status, message=message, heading=heading)
 
     def operator(self, request: Request) -> str:
@@ -228,7 +226,7 @@ class Console:
                 pending = rt.pending(run_id)
                 if digest is not None and digest != pending.digest:
                     raise DigestMismatch("the run now asks for other input; reload the page")
-                fields = pages.fields_for(pending.input_schema)
+                fields = fields_for(pending.input_schema)
                 values = values_from(fields, form)
                 return rt.submit_input(run_id, values, by=by, resume="queue")
 

@@ -44,8 +44,8 @@ def fields_for(schema: Mapping[str, Any] | None) -> list[Field]:
         return [Field(name="", widget="json", label="input (JSON object)", required=True)]
     required = set(schema.get("required") or ())
     found = []
-    for name, spec in properties.items():
-        spec = spec if isinstance(spec, Mapping) else {}
+    for name, declared in properties.items():
+        spec = declared if isinstance(declared, Mapping) else {}
         kind = spec.get("type")
         enum = spec.get("enum")
         if isinstance(enum, list) and all(isinstance(e, str) for e in enum):
@@ -67,7 +67,9 @@ def fields_for(schema: Mapping[str, Any] | None) -> list[Field]:
                 required=name in required,
                 description=spec.get("description"),
                 choices=choices,
-                default=None if default is None else json.dumps(default)
+                default=None
+                if default is None
+                else json.dumps(default)
                 if widget == "json"
                 else str(default),
             )

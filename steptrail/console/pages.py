@@ -186,8 +186,7 @@ class Decision:
 
     def calls_json(self) -> list[tuple[str, str]]:
         return [
-            (c.name, json.dumps(c.arguments, indent=2, sort_keys=True))
-            for c in self.pending.calls
+            (c.name, json.dumps(c.arguments, indent=2, sort_keys=True)) for c in self.pending.calls
         ]
 
 

@@ -31,8 +31,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-TOKEN_ENV = "STEPTRAIL_CONSOLE_TOKEN"
-TOKEN_COOKIE = "steptrail_token"
+TOKEN_ENV = "STEPTRAIL_CONSOLE_TOKEN"  # noqa: S105 -- the variable's name, not a secret
+TOKEN_COOKIE = "steptrail_token"  # noqa: S105 -- the cookie's name, not a secret
 CSRF_COOKIE = "steptrail_csrf"
 CSRF_FIELD = "csrf"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})

@@ -306,7 +306,10 @@ def test_retry__dead_letter_back_on_the_queue_and_refusals(db_url: str) -> None:
     """`retry` requeues a dead letter (recorded with --by); a second retry and a bare call
     are refused with clear errors; bulk retry by agent reports what it did."""
     made = steptrail(
-        "enqueue", "scripted", "-r", '{"steps": 2, "fail": {"class": "auth", "at": 1}}',
+        "enqueue",
+        "scripted",
+        "-r",
+        '{"steps": 2, "fail": {"class": "auth", "at": 1}}',
         url=db_url,
     )
     run_id = made.stdout.strip()

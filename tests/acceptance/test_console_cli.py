@@ -22,7 +22,11 @@ def test_console__public_bind_without_token_refuses_to_start(sqlite_url: str) ->
     assert done.returncode == 2
     assert "STEPTRAIL_CONSOLE_TOKEN" in done.stderr
     short = steptrail(
-        "console", "--host", "0.0.0.0", url=sqlite_url, timeout=30,
+        "console",
+        "--host",
+        "0.0.0.0",
+        url=sqlite_url,
+        timeout=30,
         STEPTRAIL_CONSOLE_TOKEN="short",
     )
     assert short.returncode == 2

@@ -139,7 +139,8 @@ def test_run_page__cancel(rt: Runtime, page: Any) -> None:
         page.wait_for_url(re.compile(r"done=cancel"))
         assert page.locator("h1 .badge").inner_text() == "cancelled"
     last = rt.history(run_id)[-1].event
-    assert isinstance(last, Run.Cancelled) and last.actor == "console:browser"
+    assert isinstance(last, Run.Cancelled)
+    assert last.actor == "console:browser"
 
 
 def test_dead_letters__retry(rt: Runtime, page: Any) -> None:
@@ -153,7 +154,8 @@ def test_dead_letters__retry(rt: Runtime, page: Any) -> None:
         page.goto(f"{base}/dead-letters")
         assert page.locator(f"tr[data-run='{run_id}']").count() == 0
     last = rt.history(run_id)[-1].event
-    assert isinstance(last, Run.Retried) and last.actor == "console:browser"
+    assert isinstance(last, Run.Retried)
+    assert last.actor == "console:browser"
     assert rt.get(run_id).status is RunStatus.QUEUED
 
 

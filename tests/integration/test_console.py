@@ -73,9 +73,11 @@ def test_pages__every_page_renders(rt: Runtime) -> None:
     c = client(rt)
     assert "stale leases" in c.get("/").text
     runs = c.get("/runs").text
-    assert str(done)[:8] in runs and str(dead)[:8] in runs
+    assert str(done)[:8] in runs
+    assert str(dead)[:8] in runs
     page = c.get(f"/runs/{done}").text
-    assert "StepRecorded" in page and "Completed" in page
+    assert "StepRecorded" in page
+    assert "Completed" in page
     inbox = c.get("/inbox").text
     assert str(waiting)[:8] in inbox
     assert rt.pending(waiting).digest in inbox
@@ -89,9 +91,11 @@ def test_runs__filters_by_status_agent_reason_and_age(rt: Runtime) -> None:
     dead = settle(rt, DEAD)
     c = client(rt)
     failed = c.get("/runs", params={"status": "failed"}).text
-    assert str(dead)[:8] in failed and str(done)[:8] not in failed
+    assert str(dead)[:8] in failed
+    assert str(done)[:8] not in failed
     by_reason = c.get("/runs", params={"reason": "not_retryable"}).text
-    assert str(dead)[:8] in by_reason and str(done)[:8] not in by_reason
+    assert str(dead)[:8] in by_reason
+    assert str(done)[:8] not in by_reason
     other = c.get("/runs", params={"agent": "nobody"}).text
     assert "No runs match." in other
     recent = c.get("/runs", params={"age": "1h", "agent": "scripted"}).text
@@ -142,13 +146,15 @@ def test_actions__cancel_retry_approve_deny_input_land_in_the_log(rt: Runtime) -
     r = c.post(f"/runs/{queued}/cancel", data={"csrf": token})
     assert r.status_code == 303
     last = rt.history(queued)[-1].event
-    assert isinstance(last, Run.Cancelled) and last.actor == "console:test"
+    assert isinstance(last, Run.Cancelled)
+    assert last.actor == "console:test"
 
     dead = settle(rt, DEAD)
     r = c.post(f"/runs/{dead}/retry", data={"csrf": token, "next": "/dead-letters"})
     assert (r.status_code, r.headers["location"]) == (303, "/dead-letters?done=retry")
     retried = rt.history(dead)[-1].event
-    assert isinstance(retried, Run.Retried) and retried.actor == "console:test"
+    assert isinstance(retried, Run.Retried)
+    assert retried.actor == "console:test"
 
     approve = settle(rt, APPROVAL)
     digest = rt.pending(approve).digest

@@ -54,9 +54,7 @@ def dead(rt: Runtime, n: int = 0) -> UUID:
     return run_id
 
 
-def test_retry__dead_letter_runs_again_and_completes(
-    rt: Runtime, flaky: dict[str, bool]
-) -> None:
+def test_retry__dead_letter_runs_again_and_completes(rt: Runtime, flaky: dict[str, bool]) -> None:
     """A dead-lettered run, retried, is claimed again with its kept request and completes."""
     run_id = dead(rt, n=7)
     assert rt.store.saved(run_id, "request") == b'{"n":7}'
