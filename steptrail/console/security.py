@@ -21,9 +21,10 @@ import hmac
 import ipaddress
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
+
+from starlette.requests import cookie_parser
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -94,12 +95,9 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 
 def _cookies(headers: dict[str, str]) -> dict[str, str]:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(headers.get("cookie", ""))
-    except Exception:  # noqa: BLE001 -- a malformed Cookie header means no cookies, not a 500
-        return {}
-    return {k: m.value for k, m in jar.items()}
+    # Starlette's lenient parser: another local app's odd cookie must not hide ours (the
+    # standard library's SimpleCookie stops at the first cookie it cannot parse).
+    return cookie_parser(headers.get("cookie", ""))
 
 
 def _cookie(name: str, value: str, *, max_age: int | None = None) -> str:
