@@ -205,3 +205,18 @@ def test_screenshots__run_page_and_inbox(rt: Runtime, page: Any, tmp_path: Path)
         if target:
             Path(target).mkdir(parents=True, exist_ok=True)
             shutil.copy(png, Path(target) / name)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_live__a_new_run_appears_without_a_reload(rt: Runtime, page: Any) -> None:
+    """The runs page polls: a run queued after it loaded shows up in place, and the page
+    was not reloaded (a marker set on the window survives)."""
+    settle(rt, {"steps": 1})
+    with serving(rt, poll_seconds=1.0) as base:
+        page.goto(f"{base}/runs")
+        page.evaluate("window.__notReloaded = true")
+        newcomer = rt.enqueue("scripted", {"steps": 1})
+        caught_up(rt)
+        page.wait_for_selector(f"tr[data-run='{newcomer}']", timeout=20_000)
+        assert page.evaluate("window.__notReloaded") is True
+        assert page.locator("a.tab[data-status=queued] b").inner_text() == "1"
