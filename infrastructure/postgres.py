@@ -34,6 +34,7 @@ from steptrail.infrastructure.store_base import (
     REQUEST,
     ClaimsOne,
     encoded_events,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
@@ -178,6 +179,7 @@ class PostgresRunStore(ClaimsOne):
         if not events:
             return
         drop, notify = side_effects(run.state)
+        keep = drop and keeps_request(run.state)
         params = {
             **self._params(run),
             "expected": run.committed_version,
@@ -185,11 +187,19 @@ class PostgresRunStore(ClaimsOne):
             "topics": [t for _, t, _ in events],
             "states": [s for _, _, s in events],
             "resumable": resumable,
-            "drop_saved": drop,
+            "drop_saved": drop and not keep,
             "notify": notify,
         }
         with self._connection() as conn:
-            conn.execute(self.q["append"], params, prepare=True)
+            if not keep:
+                conn.execute(self.q["append"], params, prepare=True)
+            else:
+                # A failed settle (rare): the append, then everything saved but the request,
+                # in one transaction. Kept out of steptrail_append so that its one-round-trip
+                # hot path stays as it is.
+                with conn.transaction():
+                    conn.execute(self.q["append"], params, prepare=True)
+                    conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
 
     def claim_batch(

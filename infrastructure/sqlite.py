@@ -35,6 +35,7 @@ from steptrail.infrastructure.store_base import (
     RESUMABLE,
     ClaimsOne,
     encoded_events,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
@@ -280,10 +281,8 @@ class SQLiteRunStore(ClaimsOne):
                     {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                cur.execute(
-                    self.q["drop_saved"],
-                    {"run_id": run.id.hex, "status": run.state.status.value},
-                )
+                name = "drop_saved_but_request" if keeps_request(run.state) else "drop_saved"
+                cur.execute(self.q[name], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
 

@@ -68,6 +68,11 @@ SELECT steptrail_append(
     %(retry_delay_ms)s, %(resumable)s, %(drop_saved)s, %(notify)s
 );
 
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
+-- its append passes drop_saved = false and runs this in the same transaction instead.
+DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
+
 
 
 -- name: claim

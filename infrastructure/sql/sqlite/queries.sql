@@ -67,10 +67,12 @@ INSERT INTO steptrail_saved (run_id, kind, body) VALUES (:run_id, :kind, :body)
 ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 
 -- name: drop_saved
--- A settle drops the run's saved state, except that a failed run keeps its request until it
--- is purged or retried (ADR 0025); PostgreSQL's steptrail_append applies the same rule.
-DELETE FROM steptrail_saved
-WHERE run_id = :run_id AND NOT (:status = 'failed' AND kind = 'request');
+DELETE FROM steptrail_saved WHERE run_id = :run_id;
+
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025);
+-- everything else it saved goes, as with any settle.
+DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
 
 
 -- name: claim

@@ -1,7 +1,6 @@
 -- The operator console (issue 13): keyset pagination of the runs page, newest first, with
 -- (created_at, run_id) as the key and one index per filter that drives the walk (ADR 0026),
--- and ended_at for the throughput chart. SQLite keeps the failed run's request through its
--- `drop_saved` query (ADR 0025); no schema change is needed for that.
+-- and ended_at for the throughput chart.
 CREATE INDEX steptrail_view_run_summaries_created_idx
     ON steptrail_view_run_summaries (created_at DESC, run_id DESC);
 CREATE INDEX steptrail_view_run_summaries_status_created_idx
