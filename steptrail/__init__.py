@@ -34,13 +34,14 @@ from steptrail.domain.errors import (
     DigestMismatch,
     IllegalTransition,
     InvalidInput,
+    PendingWrite,
     StoreUnavailable,
     UnknownRun,
 )
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
-from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.runtime import InvalidRequest, RetryReport, Runtime, open_runtime
 from steptrail.workers.context import Recorded, RunContext, RunFailed
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport
@@ -62,10 +63,12 @@ __all__ = [
     "InvalidRequest",
     "LeaseLost",
     "Outcome",
+    "PendingWrite",
     "PrivacyLevel",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
+    "RetryReport",
     "RunContext",
     "RunFailed",
     "RunRow",

@@ -134,3 +134,13 @@ def test_page_key__round_trips_and_rejects_garbage() -> None:
     for bad in ("", "x.y", "123.abc", "12.34.56"):
         with pytest.raises(ValueError, match="page key"):
             PageKey.decode(bad)
+
+
+def test_import__steptrail_does_not_import_the_console() -> None:
+    """The core install stays small: `import steptrail` loads no web framework."""
+    import subprocess
+    import sys
+
+    code = "import sys, steptrail; print(sorted({'starlette', 'jinja2', 'uvicorn'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
