@@ -141,6 +141,7 @@ def test_import__steptrail_does_not_import_the_console() -> None:
     import subprocess
     import sys
 
-    code = "import sys, steptrail; print(sorted({'starlette', 'jinja2', 'uvicorn'} & set(sys.modules)))"
+    web = "{'starlette', 'jinja2', 'uvicorn'}"
+    code = f"import sys, steptrail; print(sorted({web} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
