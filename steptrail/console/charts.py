@@ -47,9 +47,12 @@ def _fmt(value: float) -> str:
 def _time_labels(times: Sequence[datetime], x_of: list[float]) -> str:
     if not times:
         return ""
-    picks = sorted({0, len(times) // 2, len(times) - 1})
+    last = len(times) - 1
+    picks = sorted({0, len(times) // 2, last})
+    anchor = {0: "start", last: "end"}
     return "".join(
-        f'<text class="tick" x="{x_of[i]:.1f}" y="{HEIGHT - 6}" text-anchor="middle">'
+        f'<text class="tick" x="{x_of[i]:.1f}" y="{HEIGHT - 6}" '
+        f'text-anchor="{anchor.get(i, "middle") if last else "middle"}">'
         f"{times[i]:%H:%M}</text>"
         for i in picks
     )
@@ -88,33 +91,37 @@ def stacked_bars(
 
 def lines(
     times: Sequence[datetime],
-    series: Mapping[str, Sequence[float]],
+    series: Mapping[str, Sequence[float | None]],
     *,
     label: str,
     unit: str = "",
 ) -> Markup:
-    """A line per series over time buckets (each series a CSS class `s-<name>`)."""
-    if not times:
+    """A line per series over time buckets (each series a CSS class `s-<name>`); a bucket
+    without a value (None) is skipped, its neighbours joined."""
+    found = [v for values in series.values() for v in values if v is not None]
+    if not times or not found:
         return _empty(label)
-    top = max([max(v) for v in series.values() if v] + [1.0])
+    top = max([*found, 1.0])
     n = len(times)
     step = (WIDTH - PAD_L - PAD_R) / max(n - 1, 1)
     h = HEIGHT - PAD_B - PAD_T
     xs = [PAD_L + i * step for i in range(n)]
     paths = []
     for name, values in series.items():
-        points = " ".join(
-            f"{xs[i]:.1f},{HEIGHT - PAD_B - h * v / top:.1f}" for i, v in enumerate(values)
-        )
+        shown = [
+            (xs[i], HEIGHT - PAD_B - h * v / top, i, v)
+            for i, v in enumerate(values)
+            if v is not None
+        ]
+        points = " ".join(f"{x:.1f},{y:.1f}" for x, y, _, _ in shown)
         paths.append(
             f'<polyline class="line s-{escape(name)}" points="{points}">'
             f"<title>{escape(name)}</title></polyline>"
         )
         paths.extend(
-            f'<circle class="dot s-{escape(name)}" cx="{xs[i]:.1f}" '
-            f'cy="{HEIGHT - PAD_B - h * v / top:.1f}" r="2.5">'
+            f'<circle class="dot s-{escape(name)}" cx="{x:.1f}" cy="{y:.1f}" r="2.5">'
             f"<title>{times[i]:%H:%M} {escape(name)}: {v:.0f}{escape(unit)}</title></circle>"
-            for i, v in enumerate(values)
+            for x, y, i, v in shown
         )
     return _frame(_axis(top, unit) + "".join(paths) + _time_labels(times, xs), label=label)
 

@@ -293,12 +293,13 @@ def overview(rt: Runtime, *, minutes: int = 60, step_sample: int = 5000) -> Over
     for at, ms in views.recent_step_durations(step_sample):
         by_minute[at.astimezone(UTC).replace(second=0, microsecond=0)].append(ms)
         everything.append(ms)
-    times = sorted(by_minute)[-minutes:]
-    series: dict[str, list[float]] = {"p50": [], "p95": [], "p99": []}
-    for t in times:
-        values = sorted(by_minute[t])
+    # The same minutes as the throughput chart, so the two line up; a minute without a
+    # sampled step has no point.
+    series: dict[str, list[float | None]] = {"p50": [], "p95": [], "p99": []}
+    for t in buckets:
+        values = sorted(by_minute.get(t, ()))
         for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
-            series[name].append(charts.percentile(values, q))
+            series[name].append(charts.percentile(values, q) if values else None)
     everything.sort()
     oldest = health.oldest_queued_at
     return Overview(
@@ -307,7 +308,7 @@ def overview(rt: Runtime, *, minutes: int = 60, step_sample: int = 5000) -> Over
         oldest_queued_s=(now - oldest).total_seconds() if oldest else None,
         stale_leases=health.stale_leases,
         throughput_svg=charts.stacked_bars(buckets, ended, label="runs ended per minute"),
-        steps_svg=charts.lines(times, series, label="step duration percentiles", unit="ms"),
+        steps_svg=charts.lines(buckets, series, label="step duration percentiles", unit="ms"),
         ended_last_hour=sum(sum(v) for v in ended.values()),
         step_p50=charts.percentile(everything, 0.5),
         step_p95=charts.percentile(everything, 0.95),
