@@ -287,3 +287,14 @@ def test_headers__strict_content_security_policy(rt: Runtime) -> None:
     assert "script-src 'self'" in r.headers["content-security-policy"]
     assert r.headers["x-frame-options"] == "DENY"
     assert r.headers["cache-control"] == "no-store"
+
+
+def test_csrf__another_apps_odd_cookie_does_not_hide_ours(rt: Runtime) -> None:
+    """A malformed cookie of some other local app does not make our CSRF check fail."""
+    run_id = rt.enqueue("scripted", {})
+    c = client(rt)
+    token = csrf(c)
+    odd = f'other={{"json": [1, 2]}}; steptrail_csrf={token}; x=a b'
+    r = c.post(f"/runs/{run_id}/cancel", data={"csrf": token}, headers={"cookie": odd})
+    assert r.status_code == 303
+    assert topics(rt, run_id)[-1] == "Cancelled"
