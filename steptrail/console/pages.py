@@ -179,6 +179,9 @@ class Decision:
 
     pending: PendingDecision
     fields: list[Field] = field(default_factory=list)
+    # An interactive run has no request to go back on the queue with, and the console never
+    # runs an agent itself: such a run is decided from the process that started it.
+    queueable: bool = True
 
     @property
     def is_approval(self) -> bool:
@@ -190,14 +193,14 @@ class Decision:
         ]
 
 
-def decision(rt: Runtime, run_id: UUID) -> Decision | str:
+def decision(rt: Runtime, run_id: UUID, *, queueable: bool = True) -> Decision | str:
     """The pending decision of a waiting run, or why there is none to take."""
     try:
         pending = rt.pending(run_id)
     except DomainError as error:
         return str(error)
     fields = fields_for(pending.input_schema) if pending.kind is WaitKind.INPUT else []
-    return Decision(pending, fields)
+    return Decision(pending, fields, queueable)
 
 
 @dataclass
@@ -231,7 +234,7 @@ def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
         entries=timeline(events),
         at_version=at_version,
         state_json=json.dumps(shown.model_dump(mode="json"), indent=2, sort_keys=True),
-        decision=decision(rt, run_id) if waiting else None,
+        decision=decision(rt, run_id, queueable=state.has_saved_request) if waiting else None,
         request_kept=rt.store.saved(run_id, "request") is not None,
     )
 
@@ -247,7 +250,7 @@ def inbox(rt: Runtime, *, limit: int = PAGE_SIZE) -> list[InboxItem]:
     items = []
     for status in (RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_INPUT):
         for summary in rt.views.runs_page(status=status.value, limit=limit):
-            taken = decision(rt, summary.run_id)
+            taken = decision(rt, summary.run_id, queueable=summary.state.has_saved_request)
             if isinstance(taken, str) and "not waiting" in taken:
                 continue  # decided since the views last caught up
             items.append(InboxItem(summary, taken))

@@ -298,3 +298,15 @@ def test_csrf__another_apps_odd_cookie_does_not_hide_ours(rt: Runtime) -> None:
     r = c.post(f"/runs/{run_id}/cancel", data={"csrf": token}, headers={"cookie": odd})
     assert r.status_code == 303
     assert topics(rt, run_id)[-1] == "Cancelled"
+
+
+def test_inbox__interactive_run_is_decided_elsewhere(rt: Runtime) -> None:
+    """A run started interactively shows its calls but no buttons: the console never runs
+    an agent, and such a run has no request to queue."""
+    result = rt.start("scripted", APPROVAL)
+    caught_up(rt)
+    c = client(rt)
+    inbox = c.get("/inbox").text
+    assert str(result.run_id)[:8] in inbox
+    assert "Started interactively" in inbox
+    assert 'data-action="approve"' not in inbox
