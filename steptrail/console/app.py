@@ -132,6 +132,12 @@ class Console:
         return self.render(request, "overview.html", o=data)
 
     async def runs(self, request: Request) -> Response:
+        wanted = request.query_params.get("run", "").strip()
+        if wanted:
+            try:
+                return RedirectResponse(f"/runs/{UUID(wanted)}", status_code=303)
+            except ValueError:
+                return self.problem(request, 400, f"{wanted!r} is not a run id (a UUID)")
         try:
             filters = pages.Filters.parse(dict(request.query_params))
         except pages.BadFilter as error:

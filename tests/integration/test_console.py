@@ -310,3 +310,12 @@ def test_inbox__interactive_run_is_decided_elsewhere(rt: Runtime) -> None:
     assert str(result.run_id)[:8] in inbox
     assert "Started interactively" in inbox
     assert 'data-action="approve"' not in inbox
+
+
+def test_runs__go_to_a_run_by_id(rt: Runtime) -> None:
+    """The id box jumps to the run's page; something that is not an id is a 400."""
+    run_id = rt.enqueue("scripted", {})
+    c = client(rt)
+    jump = c.get("/runs", params={"run": f" {run_id} "})
+    assert (jump.status_code, jump.headers["location"]) == (303, f"/runs/{run_id}")
+    assert c.get("/runs", params={"run": "<nope>"}).status_code == 400
