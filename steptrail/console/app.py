@@ -10,6 +10,7 @@ runs an agent itself.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -36,6 +37,9 @@ from steptrail.domain.errors import DigestMismatch, DomainError, InvalidInput, U
 from steptrail.runtime import Runtime
 
 OPERATOR_COOKIE = "steptrail_operator"
+# A path of this console: one leading slash, then only characters our own URLs use (a
+# backslash or a second slash could make a browser leave for another host).
+_LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9/_.~%?=&-]*")
 DONE = {
     "cancel": "Cancelled.",
     "retry": "Put back on the queue.",
@@ -205,7 +209,7 @@ class Console:
         except DomainError as error:
             return self.problem(request, 409, str(error))
         back = fields.get("next", "")
-        if not back.startswith("/") or back.startswith("//"):
+        if not _LOCAL_PATH.fullmatch(back):  # never redirect off the console
             back = f"/runs/{run_id}"
         joiner = "&" if "?" in back else "?"
         return RedirectResponse(f"{back}{joiner}done={action}", status_code=303)

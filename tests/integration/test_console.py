@@ -319,3 +319,12 @@ def test_runs__go_to_a_run_by_id(rt: Runtime) -> None:
     jump = c.get("/runs", params={"run": f" {run_id} "})
     assert (jump.status_code, jump.headers["location"]) == (303, f"/runs/{run_id}")
     assert c.get("/runs", params={"run": "<nope>"}).status_code == 400
+
+
+@pytest.mark.parametrize("target", ["//evil.example/", "/\\evil.example", "https://evil.example"])
+def test_actions__never_redirect_off_the_console(rt: Runtime, target: str) -> None:
+    """A forged `next` falls back to the run's own page."""
+    run_id = rt.enqueue("scripted", {})
+    c = client(rt)
+    r = c.post(f"/runs/{run_id}/cancel", data={"csrf": csrf(c), "next": target})
+    assert (r.status_code, r.headers["location"]) == (303, f"/runs/{run_id}?done=cancel")
