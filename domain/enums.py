@@ -88,7 +88,9 @@ class Effect(StrEnum):
 
 
 class FailureClass(StrEnum):
-    """Classes of failure; only connection, rate_limit, server_error and circuit_open retry."""
+    """Classes of failure; only connection, rate_limit, server_error, circuit_open and timeout
+    (a step past its deadline) retry. `non_deterministic` (a replay found another step than
+    the journal recorded) never does: running the code again would diverge again."""
 
     CONNECTION = "connection"
     RATE_LIMIT = "rate_limit"
@@ -97,6 +99,8 @@ class FailureClass(StrEnum):
     CLIENT_ERROR = "client_error"
     SERVER_ERROR = "server_error"
     CIRCUIT_OPEN = "circuit_open"
+    TIMEOUT = "timeout"
+    NON_DETERMINISTIC = "non_deterministic"
     UNKNOWN = "unknown"
 
     @property
@@ -110,6 +114,7 @@ _RETRYABLE = frozenset(
         FailureClass.RATE_LIMIT,
         FailureClass.SERVER_ERROR,
         FailureClass.CIRCUIT_OPEN,
+        FailureClass.TIMEOUT,
     }
 )
 

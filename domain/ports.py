@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Protocol
 from uuid import UUID
 
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.run import Run, RunEvent
 
 
@@ -46,7 +47,9 @@ class RunStore(Protocol):
         ...
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
-        """Record `run`'s pending events at `run.committed_version + 1 …`.
+        """Record `run`'s pending events at `run.committed_version + 1 …`, and the journal
+        entries of its pending steps (none if the append settles the run: settling deletes
+        the run's journal and saved state in the same transaction).
 
         Raises:
             VersionConflict: somebody appended first; nothing was written.
@@ -68,6 +71,10 @@ class RunStore(Protocol):
 
     def saved(self, run_id: UUID, kind: str) -> bytes | None:
         """The saved `request` or `resumable` state of a run, or None once it was cleared."""
+        ...
+
+    def journal(self, run_id: UUID) -> list[JournalEntry]:
+        """The run's step journal, in step order (empty once the run settled)."""
         ...
 
     def stale(self, limit: int) -> list[Run]:

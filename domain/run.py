@@ -33,6 +33,10 @@ from steptrail.domain.enums import (
     WaitKind,
 )
 from steptrail.domain.errors import DigestMismatch, IllegalTransition, PendingWrite
+from steptrail.domain.journal import JournalEntry
+
+# The step kind that records an agent taking the human decision it resumed with.
+DECISION_STEP = "decision"
 
 # Every event class, by its stored topic. Topics are stable names written into the log, so a
 # module or class rename never orphans stored events; they are never renamed (STYLE 3).
@@ -273,10 +277,25 @@ class Run:
             return s.evolve(
                 steps=self.seq,
                 pending_effects=pending,
+                # A "decision" step is the agent taking the decision it resumed with (ADR
+                # 0015): from then on the journal answers for it, and a later request for
+                # approval waits for a new one.
+                decision=None if self.kind == DECISION_STEP else s.decision,
                 iterations=s.iterations + (1 if self.kind == "llm" else 0),
                 tokens=s.tokens + self.tokens,
                 cost=s.cost + self.cost,
             )
+
+    class Replayed(RunEvent):
+        """A segment handed its agent the journaled outcomes of steps 1..`count` (the last of
+        them recorded as step `last_seq`) instead of running them again (ADR 0013)."""
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Replayed"
+        count: int
+        last_seq: int
+
+        def apply(self, state: RunState | None) -> RunState:
+            return self._require(state)
 
     class LeaseRenewed(RunEvent):
         """The holder extended its lease in the middle of a long step."""
@@ -494,6 +513,7 @@ class Run:
         self._state = state
         self._committed_version = state.version
         self._pending: list[RunEvent] = []
+        self._pending_journal: list[tuple[int, JournalEntry]] = []
 
     @classmethod
     def enqueue(
@@ -572,19 +592,27 @@ class Run:
     def pending_events(self) -> tuple[RunEvent, ...]:
         return tuple(self._pending)
 
-    def checkpoint(self) -> tuple[RunState, int]:
-        """Where the run stands now: its state and how many events are pending."""
-        return self._state, len(self._pending)
+    @property
+    def pending_journal(self) -> tuple[tuple[int, JournalEntry], ...]:
+        """(step seq, journal entry) of the pending steps: the store writes them with the
+        events. (The entry's own `seq` is that of whoever made it; the pair's is the step's.)"""
+        return tuple(self._pending_journal)
 
-    def restore(self, checkpoint: tuple[RunState, int]) -> None:
-        """Forget the events triggered since `checkpoint` (they were not recorded)."""
-        state, pending = checkpoint
+    def checkpoint(self) -> Checkpoint:
+        """Where the run stands now: its state and how many events and entries are pending."""
+        return self._state, len(self._pending), len(self._pending_journal)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Forget the events and entries triggered since `checkpoint` (not recorded)."""
+        state, pending, journal = checkpoint
         self._state = state
         del self._pending[pending:]
+        del self._pending_journal[journal:]
 
     def mark_committed(self) -> None:
-        """The store recorded every pending event."""
+        """The store recorded every pending event (and journal entry)."""
         self._pending.clear()
+        self._pending_journal.clear()
         self._committed_version = self._state.version
 
     # -- commands ------------------------------------------------------------------------------
@@ -606,11 +634,15 @@ class Run:
         error_type: str | None = None,
         tokens: int = 0,
         cost: float = 0.0,
+        journal: JournalEntry | None = None,
     ) -> int:
         """Record the next step; returns its sequence number. The payload must already have
-        been filtered for `privacy` (the domain's privacy policy does that)."""
+        been filtered for `privacy` (the domain's privacy policy does that). `journal` is the
+        step's verbatim outcome, written beside the log in the same append as this step."""
         holder = self._holder("record a step")
         seq = self._state.steps + 1
+        if journal is not None:
+            self._pending_journal.append((seq, journal))
         self._trigger(
             self.StepRecorded(
                 actor=holder,
@@ -626,6 +658,13 @@ class Run:
             )
         )
         return seq
+
+    def record_replay(self, *, count: int, last_seq: int) -> None:
+        """Note in the trail that this segment replayed `count` journaled steps."""
+        holder = self._holder("replay")
+        if count < 1:
+            raise IllegalTransition("a replay covers at least one step")
+        self._trigger(self.Replayed(actor=holder, count=count, last_seq=last_seq))
 
     def renew_lease(self) -> None:
         """Extend the lease without recording a step (a long step's background heartbeat)."""
@@ -824,6 +863,9 @@ class Run:
     def _trigger(self, event: RunEvent) -> None:
         self._state = apply(self._state, event)
         self._pending.append(event)
+
+
+Checkpoint = tuple[RunState, int, int]
 
 
 def _check_lease(lease_ms: int) -> None:

@@ -25,6 +25,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
@@ -34,6 +35,8 @@ from steptrail.infrastructure.store_base import (
     REQUEST,
     ClaimsOne,
     encoded_events,
+    journal_from_rows,
+    journal_rows,
     keeps_request,
     run_from_row,
     side_effects,
@@ -175,12 +178,28 @@ class PostgresRunStore(ClaimsOne):
         return run
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
-        events = encoded_events(run)
-        if not events:
+        if not run.pending_events:
             return
+        params = self.append_params(run, resumable=resumable)
+        with self._connection() as conn:
+            if not (run.state.status.is_terminal and keeps_request(run.state)):
+                conn.execute(self.q["append"], params, prepare=True)
+            else:
+                # A failed settle (rare): the append with drop_saved off, then everything
+                # saved but the request, and the journal, in one transaction. Kept out of
+                # steptrail_append so that its one-round-trip hot path stays as it is.
+                with conn.transaction():
+                    conn.execute(self.q["append"], params, prepare=True)
+                    conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
+        run.mark_committed()
+
+    def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
+        """The parameters of the `append` query for `run`'s pending events and journal."""
+        events = encoded_events(run)
         drop, notify = side_effects(run.state)
-        keep = drop and keeps_request(run.state)
-        params = {
+        keep = drop and keeps_request(run.state)  # see `append`
+        journal = journal_rows(run)
+        return {
             **self._params(run),
             "expected": run.committed_version,
             "versions": [v for v, _, _ in events],
@@ -189,18 +208,13 @@ class PostgresRunStore(ClaimsOne):
             "resumable": resumable,
             "drop_saved": drop and not keep,
             "notify": notify,
+            "j_seqs": [j["seq"] for j in journal],
+            "j_positions": [j["position"] for j in journal],
+            "j_kinds": [j["kind"] for j in journal],
+            "j_names": [j["name"] for j in journal],
+            "j_fingerprints": [j["fingerprint"] for j in journal],
+            "j_outcomes": [j["outcome"] for j in journal],
         }
-        with self._connection() as conn:
-            if not keep:
-                conn.execute(self.q["append"], params, prepare=True)
-            else:
-                # A failed settle (rare): the append, then everything saved but the request,
-                # in one transaction. Kept out of steptrail_append so that its one-round-trip
-                # hot path stays as it is.
-                with conn.transaction():
-                    conn.execute(self.q["append"], params, prepare=True)
-                    conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
-        run.mark_committed()
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
@@ -236,6 +250,11 @@ class PostgresRunStore(ClaimsOne):
 
     def request(self, run_id: UUID) -> bytes | None:
         return self.saved(run_id, REQUEST)
+
+    def journal(self, run_id: UUID) -> list[JournalEntry]:
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_journal"], {"run_id": run_id}, prepare=True)
+            return journal_from_rows(rows.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
         with self._connection() as conn:

@@ -22,10 +22,11 @@ from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
-from eventsourcing.persistence import PersistenceError
-from eventsourcing.sqlite import SQLiteDatastore
+from eventsourcing.persistence import InterfaceError, PersistenceError
+from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteDatastore
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
@@ -35,6 +36,8 @@ from steptrail.infrastructure.store_base import (
     RESUMABLE,
     ClaimsOne,
     encoded_events,
+    journal_from_rows,
+    journal_rows,
     keeps_request,
     run_from_row,
     side_effects,
@@ -43,6 +46,7 @@ from steptrail.infrastructure.store_base import (
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
+STATEMENT_CACHE = 64  # prepared statements kept per connection
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Idle workers of this process sleep on one event per database file; enqueuers set it. Workers
@@ -88,6 +92,37 @@ def _configure(conn: object, cur: sqlite3.Cursor) -> None:
     conn._steptrail_configured = True  # type: ignore[attr-defined]
 
 
+def _cache_statements(pool: SQLiteConnectionPool) -> None:
+    """Make the pool's new connections keep their prepared statements.
+
+    The eventsourcing pool opens connections with `cached_statements=True`, a statement
+    cache of size 1: every statement of an append alternating with another is parsed and
+    planned again, tens of microseconds each, which made each statement added to an append
+    (the step journal's insert) cost as much as the write itself. Same connection settings
+    otherwise (autocommit, WAL, rows by name).
+    """
+
+    def create() -> SQLiteConnection:
+        try:
+            raw = sqlite3.connect(
+                database=pool.db_name,
+                uri=True,
+                check_same_thread=False,
+                isolation_level=None,
+                cached_statements=STATEMENT_CACHE,
+                timeout=pool.lock_timeout or BUSY_TIMEOUT_SECONDS,
+            )
+        except (sqlite3.Error, TypeError) as e:
+            raise InterfaceError(e) from e
+        if not pool.is_sqlite_memory_mode and not pool.is_journal_mode_wal:
+            raw.execute("PRAGMA journal_mode=WAL")
+            pool.is_journal_mode_wal = True
+        raw.row_factory = sqlite3.Row
+        return SQLiteConnection(sqlite_conn=raw, max_age=pool.max_age)
+
+    pool._create_connection = create  # type: ignore[method-assign]
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -120,6 +155,7 @@ class SQLiteRunStore(ClaimsOne):
             max_overflow=pool_size,
             pool_timeout=BUSY_TIMEOUT_SECONDS,
         )
+        _cache_statements(self.datastore.pool)
         self.q = queries(self.backend)
         self._lock_fd: int | None = None
         if not self.db_name.startswith("file:"):
@@ -269,12 +305,23 @@ class SQLiteRunStore(ClaimsOne):
         events = self._event_params(run, 0)
         params = self._params(run, 0)
         drop, _ = side_effects(run.state)
+        run_hex = run.id.hex
+        # Positional, not named: this statement runs with every step, and binding by name
+        # costs a lookup per column.
+        journal = [
+            (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
+            for r in journal_rows(run)
+        ]
         with self._write() as (cur, at):
             for event in events:
                 event["at"] = at
             params["at"] = at
             cur.executemany(self.q["insert_events"], events)
             cur.execute(self.q["update_run"], params)
+            if len(journal) == 1:
+                cur.execute(self.q["insert_journal"], journal[0])
+            elif journal:
+                cur.executemany(self.q["insert_journal"], journal)
             if resumable is not None:
                 cur.execute(
                     self.q["put_saved"],
@@ -283,6 +330,7 @@ class SQLiteRunStore(ClaimsOne):
             if drop:
                 name = "drop_saved_but_request" if keeps_request(run.state) else "drop_saved"
                 cur.execute(self.q[name], {"run_id": run.id.hex})
+                cur.execute(self.q["drop_journal"], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
 
@@ -346,6 +394,11 @@ class SQLiteRunStore(ClaimsOne):
 
     def request(self, run_id: UUID) -> bytes | None:
         return self.saved(run_id, REQUEST)
+
+    def journal(self, run_id: UUID) -> list[JournalEntry]:
+        with self._read() as cur:
+            cur.execute(self.q["select_journal"], {"run_id": run_id.hex})
+            return journal_from_rows(cur.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
         with self._read() as cur:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from steptrail.domain.enums import RunStatus
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun
 from steptrail.domain.run import Run, RunState
 from steptrail.infrastructure.codec import encode_event
@@ -71,3 +72,36 @@ def keeps_request(state: RunState) -> bool:
     is purged or retried, so that an operator can put it back on the queue (ADR 0025). Its
     other saved state is dropped as usual (`drop_saved_but_request`)."""
     return state.status is RunStatus.FAILED
+
+
+def journal_rows(run: Run) -> list[dict[str, Any]]:
+    """The journal rows to write with `run`'s pending events: none when the append settles
+    the run, since settling deletes the journal in the same transaction (ADR 0013)."""
+    if run.state.status.is_terminal:
+        return []
+    return [
+        {
+            "seq": seq,
+            "position": e.position,
+            "kind": e.kind,
+            "name": e.name,
+            "fingerprint": e.fingerprint,
+            "outcome": e.outcome(),
+        }
+        for seq, e in run.pending_journal
+    ]
+
+
+def journal_from_rows(rows: Sequence[RowLike]) -> list[JournalEntry]:
+    """Journal entries from rows of `select_journal`, in step order."""
+    return [
+        JournalEntry.from_row(
+            seq=int(r["seq"]),
+            position=int(r["position"]),
+            kind=r["kind"],
+            name=r["name"],
+            fingerprint=r["fingerprint"],
+            outcome=bytes(r["outcome"]),
+        )
+        for r in rows
+    ]

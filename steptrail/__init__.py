@@ -38,11 +38,19 @@ from steptrail.domain.errors import (
     StoreUnavailable,
     UnknownRun,
 )
+from steptrail.domain.journal import NonDeterministic, ReplayedError
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, RetryReport, Runtime, open_runtime
-from steptrail.workers.context import Recorded, RunContext, RunFailed
+from steptrail.workers.context import (
+    Recorded,
+    Resumption,
+    RunContext,
+    RunFailed,
+    RunTimedOut,
+    StepTimedOut,
+)
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
@@ -62,20 +70,25 @@ __all__ = [
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "NonDeterministic",
     "Outcome",
     "PendingWrite",
     "PrivacyLevel",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
+    "ReplayedError",
+    "Resumption",
     "RetryReport",
     "RunContext",
     "RunFailed",
     "RunRow",
     "RunStatus",
+    "RunTimedOut",
     "Runtime",
     "SegmentResult",
     "Settings",
+    "StepTimedOut",
     "StoreUnavailable",
     "TerminationReason",
     "UnknownAgent",

@@ -13,14 +13,22 @@ Request fields (all optional):
   `lookup`, `upsert_record` and `send_email`; any other name counts as undeclared).
 * `fail`: `{"class": <failure class>, "at": k, "times": n}`: raise an error of that class at
   step k on the first n executions (default: every execution).
-* `crash`: `{"at": k, "times": n}`: kill this whole process with SIGKILL at step k, like a
-  machine dying (for trying the reaper; never in a process you care about).
+* `crash`: `{"at": k, "times": n}`: kill this whole process with SIGKILL in the middle of
+  step k, like a machine dying (for trying the reaper; never in a process you care about).
 * `approval`: `{"at": k or [k, …], "tools": ["send_email", …]}`: before step k, stop and
   wait for a person to approve those tool calls (`steptrail approve/deny`); when resumed,
   run them (or record their denial) and go on. Several points suspend several times.
 * `input`: `{"at": k, "schema": <JSON Schema>, "prompt": "…"}`: before step k, wait for input
   (`steptrail input RUN --values '{…}'`).
 * `result`: what the run returns when it completes.
+* `witness`: a folder; every real execution of step k (not a replay) appends a line `k` to
+  `<witness>/<run id>`, so a test can count executions from outside the database.
+* `hang`: `{"at": k, "seconds": s, "times": n}`: step k sleeps `s` seconds on the first n
+  executions (for trying step deadlines); `timeout`: every step's deadline in seconds.
+
+Steps are durable (ADR 0013): when the run is retried, reclaimed or resumed, the steps it
+already recorded are replayed from the journal and the scripted work for them does not run
+again; an approval or input point returns the decision on the resumed segment.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -69,6 +78,12 @@ class CrashScript(_Strict):
     times: int | None = Field(default=None, ge=1)
 
 
+class HangScript(_Strict):
+    at: int = Field(default=1, ge=1)
+    seconds: float = Field(default=60.0, gt=0, le=3600)
+    times: int | None = Field(default=None, ge=1)
+
+
 class ApprovalScript(_Strict):
     at: list[int] = Field(default_factory=lambda: [1])
     tools: list[str] = Field(default_factory=lambda: ["send_email"], min_length=1)
@@ -103,6 +118,9 @@ class Script(_Strict):
     approval: ApprovalScript | None = None
     input: InputScript | None = None
     result: dict[str, Any] | None = None
+    witness: str | None = None
+    hang: HangScript | None = None
+    timeout: float | None = Field(default=None, gt=0, le=3600)
 
 
 def error_of(failure_class: FailureClass) -> Exception:
@@ -128,78 +146,84 @@ def _due(times: int | None, attempt: int) -> bool:
 
 @app.agent("scripted", request_model=Script)
 def scripted(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
-    """Record `steps` steps, with the tool call, failure or crash the request scripts."""
+    """Record `steps` steps, with the tool call, failure, crash or pause the request scripts."""
     script = Script.model_validate(request)
     pauses = sorted(
         [(k, "approval") for k in (script.approval.at if script.approval else [])]
         + ([(script.input.at, "input")] if script.input else [])
     )
     total = max([script.steps, script.tool.at if script.tool else 0, *(k for k, _ in pauses)])
-    resumed_at = _resume(ctx)
     for k in range(1, total + 1):
-        if k < resumed_at:
-            continue  # done before the run suspended
         for at, kind in pauses:
-            if at == k and k != resumed_at:
+            if at == k:
                 _pause(ctx, script, kind, k)
-        if script.crash and k == script.crash.at and _due(script.crash.times, ctx.attempt):
-            os.kill(os.getpid(), signal.SIGKILL)
+        work = _work(ctx, script, k)
         if script.fail and k == script.fail.at and _due(script.fail.times, ctx.attempt):
             failure = error_of(script.fail.class_)
-            ctx.step("llm", f"think-{k}", _raiser(failure, script.sleep))
+            ctx.step("llm", f"think-{k}", _raiser(work, failure), timeout=script.timeout)
         if script.tool and k == script.tool.at:
             name = script.tool.name or TOOLS[script.tool.effect]
-            ctx.tool(
-                name,
-                _sleeper(
-                    {"tool": name, "ok": True, "key": f"{ctx.fencing_token}:{k}"}, script.sleep
-                ),
-                arguments={"step": k},
-            )
+            result = {"tool": name, "ok": True, "key": f"{ctx.fencing_token}:{k}"}
+            ctx.tool(name, _doer(work, result), arguments={"step": k}, timeout=script.timeout)
             continue
         ctx.llm(
             f"think-{k}",
-            _sleeper(Recorded(f"thought {k}", tokens=10, cost=0.0001), script.sleep),
+            _doer(work, Recorded(f"thought {k}", tokens=10, cost=0.0001)),
             payload={"messages": [{"role": "user", "content": f"step {k}"}], "round": k},
+            timeout=script.timeout,
         )
     return script.result or {"steps": total}
 
 
-def _resume(ctx: RunContext) -> int:
-    """The step a resumed run continues from (0 for a fresh one), after resolving what it
-    waited for: approved calls run as tools, denied ones get their error result."""
-    resumed = ctx.resumed
-    if resumed is None:
-        return 0
-    if resumed.kind.value == "approval":
-        ctx.run_pending(lambda call: {"tool": call.name, "ok": True})
-    else:
-        ctx.step("input", "use-input", lambda: sorted(resumed.values or {}))
-    return int(resumed.conversation["at"])
-
-
 def _pause(ctx: RunContext, script: Script, kind: str, k: int) -> None:
+    """Wait for a person at step k; on the resumed segment, act on the decision: approved
+    calls run as tools, denied ones get their error result, input is used in a step."""
     if kind == "approval":
         assert script.approval is not None
         calls = [{"name": t, "arguments": {"step": k}} for t in script.approval.tools]
         ctx.request_approval(calls, conversation={"at": k})
+        ctx.run_pending(lambda call: {"tool": call.name, "ok": True})
+        return
     assert script.input is not None
-    ctx.request_input(script.input.schema_, prompt=script.input.prompt, conversation={"at": k})
+    values = ctx.request_input(
+        script.input.schema_, prompt=script.input.prompt, conversation={"at": k}
+    )
+    ctx.step("input", "use-input", lambda: sorted(values))
 
 
-def _sleeper(value: Any, seconds: float) -> Any:
+def _work(ctx: RunContext, script: Script, k: int) -> Any:
+    """What step k really does when it executes: note it for a witness, then take its time."""
+    attempt = ctx.attempt
+    witness = Path(script.witness) / str(ctx.run_id) if script.witness else None
+    hang = script.hang if script.hang and script.hang.at == k else None
+    crash = script.crash if script.crash and script.crash.at == k else None
+
+    def run() -> None:
+        if witness is not None:
+            with witness.open("a") as f:
+                f.write(f"{k}\n")
+        if crash is not None and _due(crash.times, attempt):
+            # In the middle of step k: the records of steps 1..k-1 are in the log.
+            os.kill(os.getpid(), signal.SIGKILL)
+        if hang is not None and _due(hang.times, attempt):
+            time.sleep(hang.seconds)
+        elif script.sleep:
+            time.sleep(script.sleep)
+
+    return run
+
+
+def _doer(work: Any, value: Any) -> Any:
     def run() -> Any:
-        if seconds:
-            time.sleep(seconds)
+        work()
         return value
 
     return run
 
 
-def _raiser(error: Exception, seconds: float) -> Any:
+def _raiser(work: Any, error: Exception) -> Any:
     def run() -> Any:
-        if seconds:
-            time.sleep(seconds)
+        work()
         raise error
 
     return run

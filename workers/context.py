@@ -6,12 +6,17 @@ cannot be appended because the run was lost or cancelled, `LeaseLost` propagates
 agent stops with nothing more recorded. Before a write tool runs, a pending-effect marker is
 appended under the same fence; a write tool never runs without it.
 
-Steps carry their sequence number, and their records are shaped so that a later version can
-hand a completed step's recorded result back instead of running it again (durable replay).
+Durable replay (ADR 0013): each step's verbatim outcome is journaled with its record, and a
+later segment of the run hands recorded outcomes back by position instead of running the
+steps again (`JournalCursor` holds the rule). A write tool's result is appended the moment
+it returns, so a finished write is as durable as its marker (ADR 0014). A step with a
+deadline runs on a helper thread the agent stops waiting for at the deadline (ADR 0015).
 """
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +26,7 @@ from uuid import UUID
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from steptrail.domain.classifier import ClassifiedError, classify
 from steptrail.domain.decisions import (
     DENIED,
     PendingCall,
@@ -29,9 +35,24 @@ from steptrail.domain.decisions import (
     state_digest,
 )
 from steptrail.domain.digest import canonical_json
-from steptrail.domain.enums import Effect, Outcome, PrivacyLevel, TerminationReason, WaitKind
+from steptrail.domain.enums import (
+    Effect,
+    FailureClass,
+    Outcome,
+    PrivacyLevel,
+    TerminationReason,
+    WaitKind,
+)
+from steptrail.domain.journal import (
+    JournalCursor,
+    JournalEntry,
+    NonDeterministic,
+    ReplayedError,
+    StepCall,
+    fingerprint,
+)
 from steptrail.domain.privacy import filter_payload
-from steptrail.domain.run import Decision, Run
+from steptrail.domain.run import DECISION_STEP, Decision, Run
 from steptrail.workers.segment import LeaseLost, Segment
 
 T = TypeVar("T")
@@ -83,6 +104,31 @@ class CallResult:
     error: str | None = None
 
 
+class StepTimedOut(ClassifiedError):
+    """A step ran past its deadline; the agent stopped waiting for it (failure class
+    `timeout`, retried by the retry ladder). Its thread may still be running: Python cannot
+    stop a thread, so whatever it does later is simply never recorded."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        super().__init__(FailureClass.TIMEOUT, f"step {name!r} ran past its {seconds:g} s deadline")
+
+
+class RunTimedOut(ClassifiedError):
+    """The segment ran past its agent's `max_duration`; no further step starts."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(FailureClass.TIMEOUT, f"the run ran past its {seconds:g} s maximum")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Default step deadlines and the segment's own, in seconds (None: no limit)."""
+
+    step_timeout: float | None = None
+    tool_timeout: Callable[[str], float | None] = lambda _name: None
+    max_duration: float | None = None
+
+
 class RunFailed(Exception):
     """Raise from an agent to end its run `failed` with `reason`, without any retry."""
 
@@ -107,13 +153,27 @@ class RunContext:
         privacy: PrivacyLevel,
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
+        journal: JournalCursor | None = None,
+        classify: Callable[[BaseException], FailureClass] = classify,
+        deadlines: Deadlines | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._segment = segment
         self._privacy = privacy
         self._effect_of = effect_of
+        self._journal = journal or JournalCursor()
+        self._classify = classify
+        self._deadlines = deadlines or Deadlines()
+        self._clock = clock
+        self._started = clock()
+        self._replay_noted = False
+        self._taken: Resumption | None = None
+        self._by_hand = False
         self.request = request
         self.resumable = resumable
         self.log = segment.log
+        if self._deadlines.max_duration is not None:
+            segment.renew_until = self._started + self._deadlines.max_duration
 
     # -- what the agent can read ---------------------------------------------------------------
 
@@ -142,6 +202,23 @@ class RunContext:
         return self._segment.run.state.steps + 1
 
     @property
+    def idempotency_key(self) -> str:
+        """`<run id>:<position>` of the step call now running (or the last one): the same
+        in every execution of that step, unlike `fencing_token`. Hand it to the outside
+        system of an `idempotent_write` tool, which may run again after a crash (ADR 0014)."""
+        return f"{self.run_id}:{self._journal.position}"
+
+    @property
+    def replayed(self) -> int:
+        """How many step calls of this segment were answered from the journal so far."""
+        return self._journal.replayed
+
+    @property
+    def diverged(self) -> NonDeterministic | None:
+        """The replay mismatch this segment hit, if any (the run fails non_deterministic)."""
+        return self._journal.diverged
+
+    @property
     def decision(self) -> Decision | None:
         """The human decision this segment resumed with, if it is a resumed segment."""
         return self._segment.run.state.decision
@@ -152,7 +229,19 @@ class RunContext:
 
     @property
     def resumed(self) -> Resumption | None:
-        """Set when this segment resumes a run after a person decided; None otherwise."""
+        """Set when this segment resumes a run after a person decided; None otherwise.
+
+        Reading it before the first step call means the agent resumes by hand (it skips
+        what it did before suspending), so this segment does not replay the journal: its
+        step calls no longer line up with the recorded positions (ADR 0013).
+        """
+        resumption = self._resumption()
+        if resumption is not None and self._journal.untouched:
+            self._journal.go_live(self._segment.run.state.steps)
+            self._by_hand = True
+        return resumption
+
+    def _resumption(self) -> Resumption | None:
         decision = self.decision
         if decision is None or self.resumable is None:
             return None
@@ -170,18 +259,22 @@ class RunContext:
 
     def request_approval(
         self, calls: Sequence[PendingCall | Mapping[str, Any]], *, conversation: Any = None
-    ) -> Never:
-        """Stop and wait until a person approves or denies `calls`.
+    ) -> Resumption:
+        """Wait until a person approves or denies `calls`; returns the decision.
 
-        The pending calls and `conversation` are saved verbatim (whatever the privacy level)
-        and the lease is released; the agent function ends here. After the decision it is
-        called again with `ctx.resumed` set: run the calls with `ctx.run_pending(...)`.
+        The first time, the pending calls and `conversation` are saved verbatim (whatever
+        the privacy level), the lease is released and the agent function ends here. After
+        the decision it is called again; its steps up to this point replay from the journal
+        and this call returns the decision (`approved`, `by`, `calls`): run the calls with
+        `ctx.run_pending(...)`. Taking the decision is recorded as a `decision` step, so a
+        later segment replays it too. (Agents that read `ctx.resumed` first resume by hand
+        instead, as before.)
         """
         pending = [PendingCall.model_validate(c) for c in calls]
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
-        self._suspend(state, calls_digest(pending), tuple(c.name for c in pending))
+        return self._await_decision(state, calls_digest(pending), tuple(c.name for c in pending))
 
     def request_input(
         self,
@@ -189,9 +282,10 @@ class RunContext:
         *,
         prompt: str | None = None,
         conversation: Any = None,
-    ) -> Never:
-        """Stop and wait until a person submits values matching `schema` (a pydantic model
-        or a JSON Schema); they arrive as `ctx.resumed.values`."""
+    ) -> dict[str, Any]:
+        """Wait until a person submits values matching `schema` (a pydantic model or a JSON
+        Schema); returns the validated values, like `request_approval` returns a decision
+        (they are also `ctx.resumed.values` for agents that resume by hand)."""
         json_schema = (
             schema.model_json_schema()
             if isinstance(schema, type) and issubclass(schema, BaseModel)
@@ -203,7 +297,52 @@ class RunContext:
             prompt=prompt,
             conversation=conversation,
         )
-        self._suspend(state, state_digest(state), ())
+        return dict(self._await_decision(state, state_digest(state), ()).values or {})
+
+    def _await_decision(
+        self, state: ResumableState, digest: str, tools: tuple[str, ...]
+    ) -> Resumption:
+        """The decision on `state`: replayed, taken now (resumed segment), or waited for."""
+        call = StepCall(DECISION_STEP, state.kind.value, fingerprint(digest))
+        entry = self._next(call)
+        if entry is not None:
+            self._taken = _resumption_of(entry.value)
+            return self._taken
+        decision = self.decision
+        if decision is not None and not self._by_hand:
+            resumption = self._resumption()
+            if decision.kind is not state.kind or decision.digest != digest or not resumption:
+                found = StepCall(DECISION_STEP, decision.kind.value, fingerprint(decision.digest))
+                self._journal.diverged = NonDeterministic(self._journal.position, found, call)
+                raise self._journal.diverged
+            self._take(call, resumption)
+            return resumption
+        return self._suspend(state, digest, tools)
+
+    def _take(self, call: StepCall, resumption: Resumption) -> None:
+        """Record the agent taking its decision as a step (its outcome journaled)."""
+        self._segment.boundary()
+        self._taken = resumption
+        value = {
+            "kind": resumption.kind.value,
+            "approved": resumption.approved,
+            "by": resumption.by,
+            "calls": [c.model_dump(mode="json") for c in resumption.calls],
+            "conversation": resumption.conversation,
+            "values": resumption.values,
+        }
+        # The log gets who decided and how, never the calls' or the input's content (ADR
+        # 0008); the journal keeps it verbatim, like the resumable state it came from.
+        payload = {"approved": resumption.approved, "by": resumption.by}
+        self._record(
+            call=call,
+            started=time.perf_counter(),
+            payload=payload,
+            extra=None,
+            error=None,
+            result=value,
+            log_result=False,
+        )
 
     def run_pending(
         self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
@@ -215,7 +354,7 @@ class RunContext:
         Denied: no call runs; each gets the error result "denied by the operator", recorded
         as a step, and the agent goes on.
         """
-        resumed = self.resumed
+        resumed = self._taken or self.resumed
         if resumed is None or resumed.kind is not WaitKind.APPROVAL:
             raise RuntimeError("run_pending is for a segment resumed after an approval")
         results = []
@@ -232,6 +371,7 @@ class RunContext:
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
         body = canonical_json(jsonable(state.model_dump(mode="json")))
         kind = state.kind
+        self.note_replay()
 
         def suspend(run: Run) -> None:
             run.suspend(
@@ -260,39 +400,34 @@ class RunContext:
         fn: Callable[[], T | Recorded[T]],
         *,
         payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
     ) -> T:
         """Run `fn` as the next step and record it (kind, name, duration, payload, result).
 
-        First the step boundary: whatever is pending (the previous step's record) is
-        appended, fenced, so `fn` only runs while the run is provably this segment's. The
-        step's own record is appended at the next boundary (the next step, a write tool, or
-        the settle). If `fn` raises, the step is recorded with the exception's class (never
-        its message) and the exception goes on.
+        If the journal already holds this step's outcome (a later segment of the run), the
+        recorded value is returned, or the recorded error raised again as `ReplayedError`,
+        without calling `fn`. The call must match the recorded one: same kind, name and
+        fingerprint of `args` (default: of `payload`), else `NonDeterministic` is raised and
+        the run fails. Values come back through JSON: return JSON-compatible data.
+
+        Otherwise, first the step boundary: whatever is pending (the previous step's record)
+        is appended, fenced, so `fn` only runs while the run is provably this segment's. The
+        step's own record and journal entry are appended at the next boundary (the next
+        step, a write tool, or the settle). If `fn` raises, the step is recorded with the
+        exception's class (never its message; the journal keeps both) and the exception goes
+        on. With a `timeout` (or a default from the App), `fn` runs on a helper thread and
+        `StepTimedOut` is raised at the deadline; `fn` must not use `ctx`.
 
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        self._segment.boundary()
-        started = time.perf_counter()
-        try:
-            outcome = fn()
-        except Exception as error:
-            self._record(
-                kind=kind, name=name, started=started, payload=payload, extra=None, error=error
-            )
-            raise
-        value: T
-        value, extra = _unwrap(outcome)
-        self._record(
-            kind=kind,
-            name=name,
-            started=started,
-            payload=payload,
-            extra=extra,
-            error=None,
-            result=value,
-        )
-        return value
+        call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
+        entry = self._next(call)
+        if entry is not None:
+            return _replayed(entry)  # type: ignore[no-any-return]
+        limit = timeout if timeout is not None else self._deadlines.step_timeout
+        return self._live(call, fn, payload=payload, timeout=limit)
 
     def llm(
         self,
@@ -300,9 +435,11 @@ class RunContext:
         fn: Callable[[], T | Recorded[T]],
         *,
         payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
     ) -> T:
         """`step("llm", …)`: a model call; its return value is recorded as `content`."""
-        return self.step("llm", name, fn, payload=payload)
+        return self.step("llm", name, fn, payload=payload, args=args, timeout=timeout)
 
     def tool(
         self,
@@ -310,24 +447,48 @@ class RunContext:
         fn: Callable[[], T | Recorded[T]],
         *,
         arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> T:
         """Run tool `name` as the next step, honouring its declared effect.
 
-        A write tool (idempotent or not, or any tool nobody declared) first appends a
-        pending-effect marker under the lease; only once that is confirmed does `fn` run.
-        The marker is cleared by the step that records the tool's result; if the tool raises,
-        the marker stays, because the write may have happened.
+        A tool whose outcome the journal holds is not run again, whatever its effect: its
+        recorded result is returned (matched on name and `arguments`). Otherwise a write
+        tool (idempotent or not, or any tool nobody declared) first appends a pending-effect
+        marker under the lease; only once that is confirmed does `fn` run, and its result is
+        appended (with its journal entry) as soon as it returns, not at the next boundary,
+        so a finished write is never left unrecorded by a later crash (ADR 0014). The
+        marker is cleared by that record; if the tool raises, the marker stays, because
+        the write may have happened.
         """
+        call = StepCall("tool", name, fingerprint(jsonable(dict(arguments or {}))))
+        entry = self._next(call)
+        if entry is not None:
+            return _replayed(entry)  # type: ignore[no-any-return]
         effect = self._effect_of(name)
         payload: dict[str, Any] = {"tool": name, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
-        if effect.is_write:
-            seq = self._segment.commit(
-                lambda run: run.mark_effect_pending(tool=name, effect=effect)
-            )
-            self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
-        return self.step("tool", name, fn, payload=payload)
+        limit = timeout
+        if limit is None:
+            limit = self._deadlines.tool_timeout(name)
+        if limit is None:
+            limit = self._deadlines.step_timeout
+        if not effect.is_write:
+            return self._live(call, fn, payload=payload, timeout=limit)
+        # The segment's deadline is checked before the marker: a write that never started
+        # must not leave a marker saying it may have happened.
+        limit = self._limit(limit)
+        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
+        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
+        try:
+            value = self._live(call, fn, payload=payload, timeout=limit, marked=True)
+        except LeaseLost:
+            raise
+        except BaseException:
+            self._segment.boundary()  # the failed write's record (its marker stays)
+            raise
+        self._segment.boundary()  # the write's result, durable now (ADR 0014)
+        return value
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -339,29 +500,126 @@ class RunContext:
             else:
                 segment.commit(lambda run: run.renew_lease())
 
+    def note_replay(self) -> None:
+        """Put a `Replayed` event in the trail once replay is over (it rides with the next
+        append). Called before the first live step, and before the segment settles or
+        suspends."""
+        if self._replay_noted or self._journal.replayed == 0:
+            return
+        self._replay_noted = True
+        count, last_seq = self._journal.replayed, self._journal.last_seq
+        try:
+            self._segment.defer(lambda run: run.record_replay(count=count, last_seq=last_seq))
+        except LeaseLost:
+            return  # the caller's next append reports the loss
+        self.log.info("steps_replayed", count=count, last_seq=last_seq)
+
     # -- internals -----------------------------------------------------------------------------
+
+    def _next(self, call: StepCall) -> JournalEntry | None:
+        """The journal's answer for this call's position (None: run it for real)."""
+        if self._segment.lost is not None:
+            raise self._segment.lost
+        entry = self._journal.next(call)
+        if entry is None:
+            self.note_replay()
+        return entry
+
+    def _live(
+        self,
+        call: StepCall,
+        fn: Callable[[], T | Recorded[T]],
+        *,
+        payload: Mapping[str, Any] | None,
+        timeout: float | None,
+        marked: bool = False,
+    ) -> T:
+        """Run `fn` for real and record it. `marked`: a write whose marker was just appended
+        (that append was the boundary, and the deadline was checked before it)."""
+        if not marked:
+            self._segment.boundary()
+        limit = timeout if marked else self._limit(timeout)
+        started = time.perf_counter()
+        try:
+            outcome = fn() if limit is None else self._with_deadline(call.name, fn, limit)
+        except Exception as error:
+            self._record(
+                call=call, started=started, payload=payload, extra=None, error=error, result=None
+            )
+            raise
+        value: T
+        value, extra = _unwrap(outcome)
+        self._record(
+            call=call, started=started, payload=payload, extra=extra, error=None, result=value
+        )
+        return value
+
+    def _limit(self, timeout: float | None) -> float | None:
+        """The deadline of the next step: its own, cut to what is left of the segment's."""
+        most = self._deadlines.max_duration
+        if most is None:
+            return timeout
+        left = self._started + most - self._clock()
+        if left <= 0:
+            raise RunTimedOut(most)
+        return left if timeout is None else min(timeout, left)
+
+    def _with_deadline(self, name: str, fn: Callable[[], Any], seconds: float) -> Any:
+        """Run `fn` on a helper thread and stop waiting for it after `seconds`.
+
+        Python cannot kill a thread: a step past its deadline goes on running until it
+        returns by itself, but nothing it returns is recorded, and the lease keeper stops
+        renewing for a step it is still waiting on after the deadline (ADR 0015).
+        """
+        box: dict[str, Any] = {}
+        context = contextvars.copy_context()
+
+        def target() -> None:
+            try:
+                box["value"] = context.run(fn)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the agent's thread
+                box["error"] = error
+
+        thread = threading.Thread(target=target, name=f"steptrail-step-{name}", daemon=True)
+        segment = self._segment
+        outer = segment.renew_until
+        deadline = self._clock() + seconds
+        segment.renew_until = deadline if outer is None else min(outer, deadline)
+        try:
+            thread.start()
+            thread.join(seconds)
+        finally:
+            segment.renew_until = outer
+        if thread.is_alive():
+            self.log.warning("step_timed_out", step=name, timeout_s=seconds)
+            raise StepTimedOut(name, seconds)
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def _record(
         self,
         *,
-        kind: str,
-        name: str,
+        call: StepCall,
         started: float,
         payload: Mapping[str, Any] | None,
         extra: Recorded[Any] | None,
         error: BaseException | None,
-        result: Any = None,
+        result: Any,
+        log_result: bool = True,
     ) -> None:
         duration_ms = int((time.perf_counter() - started) * 1000)
+        kind, name = call.kind, call.name
         body: dict[str, Any] = dict(payload or {})
         tokens, cost = 0, 0.0
         if extra is not None:
             body.update(extra.payload)
             tokens, cost = extra.tokens, extra.cost
-        if error is None:
+        if error is None and log_result:
             body["content" if kind == "llm" else "result"] = result
         filtered = filter_payload(jsonable(body), self._privacy)
-        error_type = type(error).__name__ if error is not None else None
+        error_type = _error_type(error) if error is not None else None
+        entry = _entry(call, self._journal.position, result, error, self._classify)
 
         def record(run: Run) -> int:
             return run.record_step(
@@ -373,9 +631,60 @@ class RunContext:
                 error_type=error_type,
                 tokens=tokens,
                 cost=cost,
+                journal=entry,
             )
 
         self._segment.defer(record)
+
+
+def _error_type(error: BaseException) -> str:
+    if isinstance(error, ReplayedError):
+        return error.error_type
+    return type(error).__name__
+
+
+def _entry(
+    call: StepCall,
+    position: int,
+    result: Any,
+    error: BaseException | None,
+    classify_error: Callable[[BaseException], FailureClass],
+) -> JournalEntry:
+    """The journal entry of a finished step: its value as JSON, or its error."""
+    if error is not None:
+        message = error.original_message if isinstance(error, ReplayedError) else str(error)
+        return JournalEntry(
+            0,
+            position,
+            call.kind,
+            call.name,
+            call.fingerprint,
+            error_type=_error_type(error),
+            error_message=message,
+            failure_class=classify_error(error),
+        )
+    value = jsonable(result)
+    try:
+        return JournalEntry.of_value(position, call, value)
+    except ValueError:  # NaN or infinity: JSON has no word for them
+        return JournalEntry.of_value(position, call, str(value))
+
+
+def _replayed(entry: JournalEntry) -> Any:
+    if entry.failed:
+        raise ReplayedError(entry)
+    return entry.value
+
+
+def _resumption_of(value: Any) -> Resumption:
+    return Resumption(
+        kind=WaitKind(value["kind"]),
+        approved=bool(value["approved"]),
+        by=str(value["by"]),
+        calls=[PendingCall.model_validate(c) for c in value.get("calls") or []],
+        conversation=value.get("conversation"),
+        values=value.get("values"),
+    )
 
 
 def _bind(

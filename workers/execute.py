@@ -16,11 +16,12 @@ import structlog
 
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
-from steptrail.workers.context import RunContext, RunFailed, Suspend, jsonable
+from steptrail.workers.context import Deadlines, RunContext, RunFailed, Suspend, jsonable
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
 from steptrail.workers.segment import LeaseLost, Segment
@@ -77,18 +78,28 @@ class Executor:
         spec = self.app.get(run.state.agent)
         privacy = spec.privacy or self.config.privacy
         segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
+        # A run that recorded no step has no journal: a fresh claim costs no extra read.
+        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
         ctx = RunContext(
             segment,
             request=request,
             privacy=privacy,
             effect_of=self.app.effect_of,
             resumable=resumable,
+            journal=journal,
+            classify=self.classifier,
+            deadlines=Deadlines(
+                step_timeout=spec.step_timeout,
+                tool_timeout=self.app.timeout_of,
+                max_duration=spec.max_duration,
+            ),
         )
         self.keeper.track(segment)
         try:
             return self._run(segment, ctx, spec.fn, privacy)
         finally:
             self.keeper.untrack(segment)
+            segment.close()
 
     def _run(
         self, segment: Segment, ctx: RunContext, fn: Any, privacy: PrivacyLevel
@@ -101,14 +112,20 @@ class Executor:
         except Suspend as suspended:
             return self._result(segment, suspended.outcome)
         except RunFailed as failed:
+            if ctx.diverged is not None:  # a replay mismatch outranks what the agent made of it
+                return self._on_failure(segment, ctx, ctx.diverged)
             reason, error_type = failed.reason, type(failed).__name__
+            ctx.note_replay()
             return self._settle(
                 segment, lambda r: r.fail(reason=reason, error_type=error_type), Outcome.FAILED
             )
         except Exception as error:  # noqa: BLE001 - any agent error goes to the retry ladder
-            return self._on_failure(segment, error)
+            return self._on_failure(segment, ctx, ctx.diverged or error)
         if segment.lost is not None:
             return self._result(segment, segment.lost.outcome)
+        if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
+            return self._on_failure(segment, ctx, ctx.diverged)
+        ctx.note_replay()
         body = filter_payload(jsonable({"result": result}), privacy)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
@@ -118,13 +135,25 @@ class Executor:
             return SegmentResult(run.id, Outcome.COMPLETED, run.status, run.version, result)
         return settled
 
-    def _on_failure(self, segment: Segment, error: Exception) -> SegmentResult:
+    def _on_failure(self, segment: Segment, ctx: RunContext, error: Exception) -> SegmentResult:
         """The retry ladder: dead-letter, requeue with backoff, or fail (ADR 0006)."""
         run = segment.run
+        ctx.note_replay()
         failure_class: FailureClass = self.classifier(error)
-        error_type = type(error).__name__
+        # A recorded error raised again on replay keeps the class name it was recorded with.
+        error_type = error.error_type if isinstance(error, ReplayedError) else type(error).__name__
         decision = self.config.policy.on_failure(run.state, failure_class, self.rng.random())
         log = segment.log.bind(failure_class=failure_class.value, error_type=error_type)
+        if isinstance(error, NonDeterministic):
+            # Step kinds and names are metadata, never content: the trail may say which.
+            log.warning(
+                "replay_diverged",
+                position=error.position,
+                expected=error.expected.describe(),
+                found=error.found.describe(),
+            )
+            if isinstance(decision, DeadLetter):
+                decision = DeadLetter(decision.reason, f"non_deterministic: {error}")
         if isinstance(decision, Requeue):
             result = self._settle(
                 segment,

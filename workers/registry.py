@@ -29,13 +29,16 @@ class UnknownAgent(LookupError):
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """A registered agent: its function and, optionally, its own privacy level and the
-    pydantic model its requests must validate against before anything is written."""
+    """A registered agent: its function and, optionally, its own privacy level, the pydantic
+    model its requests must validate against before anything is written, the default
+    timeout of its steps and the longest one segment of it may run (seconds; ADR 0015)."""
 
     name: str
     fn: AgentFn
     privacy: PrivacyLevel | None = None
     request_model: type[BaseModel] | None = None
+    step_timeout: float | None = None
+    max_duration: float | None = None
 
 
 class App:
@@ -54,6 +57,7 @@ class App:
     def __init__(self) -> None:
         self._agents: dict[str, AgentSpec] = {}
         self._tools: dict[str, Effect] = {}
+        self._tool_timeouts: dict[str, float] = {}
         self.classifier = Classifier()
 
     def agent(
@@ -62,8 +66,15 @@ class App:
         *,
         privacy: PrivacyLevel | str | None = None,
         request_model: type[BaseModel] | None = None,
+        step_timeout: float | None = None,
+        max_duration: float | None = None,
     ) -> Callable[[F], F]:
-        """Register the decorated function as the agent `name` (default: its own name)."""
+        """Register the decorated function as the agent `name` (default: its own name).
+
+        `step_timeout` is the default deadline of each of its steps (a tool's own default
+        and `ctx.step(..., timeout=)` take precedence); `max_duration` is the longest one
+        segment of a run may take before it stops and goes down the retry ladder (seconds).
+        """
 
         def register(fn: F) -> F:
             self.add_agent(
@@ -71,6 +82,8 @@ class App:
                 fn,
                 privacy=privacy,
                 request_model=request_model,
+                step_timeout=step_timeout,
+                max_duration=max_duration,
             )
             return fn
 
@@ -83,18 +96,42 @@ class App:
         *,
         privacy: PrivacyLevel | str | None = None,
         request_model: type[BaseModel] | None = None,
+        step_timeout: float | None = None,
+        max_duration: float | None = None,
     ) -> None:
         if not name or not name.strip():
             raise ValueError("an agent needs a name")
         if name in self._agents and self._agents[name].fn is not fn:
             raise ValueError(f"agent {name!r} is registered twice")
+        _check_seconds(step_timeout, "step_timeout")
+        _check_seconds(max_duration, "max_duration")
         level = PrivacyLevel.parse(privacy) if privacy is not None else None
-        self._agents[name] = AgentSpec(name=name, fn=fn, privacy=level, request_model=request_model)
+        self._agents[name] = AgentSpec(
+            name=name,
+            fn=fn,
+            privacy=level,
+            request_model=request_model,
+            step_timeout=step_timeout,
+            max_duration=max_duration,
+        )
 
-    def tool(self, name: str, *, effect: Effect | str = Effect.READ_ONLY) -> None:
-        """Declare a tool's effect. Declared without an effect it is read-only; a tool
-        nobody declared is treated as a non-idempotent write (the safe assumption)."""
+    def tool(
+        self, name: str, *, effect: Effect | str = Effect.READ_ONLY, timeout: float | None = None
+    ) -> None:
+        """Declare a tool's effect (and, optionally, the default deadline of its calls, in
+        seconds). Declared without an effect it is read-only; a tool nobody declared is
+        treated as a non-idempotent write (the safe assumption).
+
+        An `idempotent_write` tool whose result was not recorded (its worker died while it
+        ran) runs again on the next segment; give the outside system `ctx.idempotency_key`
+        so that the second call is a no-op there. A `non_idempotent_write` never runs again
+        without a recorded result: its run is dead-lettered instead (ADR 0014)."""
+        _check_seconds(timeout, "timeout")
         self._tools[name] = Effect(effect)
+        if timeout is None:
+            self._tool_timeouts.pop(name, None)
+        else:
+            self._tool_timeouts[name] = timeout
 
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
         """Map one of your exception types (and its subclasses) to a failure class."""
@@ -104,14 +141,24 @@ class App:
         """Add every agent, tool and mapping of `other` (for reusable agent packs)."""
         for spec in other._agents.values():
             self.add_agent(
-                spec.name, spec.fn, privacy=spec.privacy, request_model=spec.request_model
+                spec.name,
+                spec.fn,
+                privacy=spec.privacy,
+                request_model=spec.request_model,
+                step_timeout=spec.step_timeout,
+                max_duration=spec.max_duration,
             )
         self._tools.update(other._tools)
+        self._tool_timeouts.update(other._tool_timeouts)
         for exc_type, failure_class in other.classifier._mappings.items():
             self.classifier.register(exc_type, failure_class)
 
     def effect_of(self, tool: str) -> Effect:
         return self._tools.get(tool, Effect.NON_IDEMPOTENT_WRITE)
+
+    def timeout_of(self, tool: str) -> float | None:
+        """The declared default deadline of `tool`'s calls, in seconds, if any."""
+        return self._tool_timeouts.get(tool)
 
     def get(self, name: str) -> AgentSpec:
         try:
@@ -123,3 +170,8 @@ class App:
     @property
     def agent_names(self) -> list[str]:
         return sorted(self._agents)
+
+
+def _check_seconds(value: float | None, what: str) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"{what} must be a positive number of seconds")

@@ -21,6 +21,10 @@ only place its appends happen. Four rules make it safe:
 
 Appends come from the agent's thread and from the lease keeper's thread (which renews a lease
 a third of the way to expiry); a lock keeps them one at a time, and the version orders them.
+The keeper renews only until `renew_until` (a step's or the segment's deadline, ADR 0015): a
+segment stuck past its deadline lets its lease expire, so the reaper can take the run back.
+Once the segment has ended (`close`), every further call through it raises `LeaseLost`, so
+a step thread abandoned at its deadline can record nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +39,9 @@ import structlog
 from steptrail.domain.enums import Outcome, RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import RunStore
-from steptrail.domain.run import Run, RunEvent, RunState
+from steptrail.domain.run import Checkpoint, Run, RunEvent
 
 Clock = Callable[[], float]
-Checkpoint = tuple[RunState, int]
 
 
 class LeaseLost(BaseException):  # a signal, like CancelledError, not an error
@@ -89,6 +92,8 @@ class Segment:
         self.lock = threading.RLock()
         self.last_ok = clock()
         self.lost: LeaseLost | None = None
+        # Monotonic instant after which the lease keeper stops renewing (None: never).
+        self.renew_until: float | None = None
         holder = run.state.holder or "?"
         self.log = log.bind(run_id=str(run.id), worker_id=holder)
 
@@ -150,6 +155,8 @@ class Segment:
         """
         if self.lost is not None or self.clock() - self.last_ok < self.timings.renew_after_s:
             return
+        if self.renew_until is not None and self.clock() > self.renew_until:
+            return  # past its deadline: the lease runs out and the reaper takes over
         if not self.lock.acquire(blocking=False):
             return
         try:
@@ -165,6 +172,13 @@ class Segment:
                 pass  # recorded in self.lost; the agent's thread raises it at its next call
         finally:
             self.lock.release()
+
+    def close(self) -> None:
+        """The segment has ended: whatever still holds it (a step thread abandoned at its
+        deadline) can append nothing more."""
+        with self.lock:
+            if self.lost is None:
+                self.lost = LeaseLost(Outcome.LEASE_LOST, "the segment has ended")
 
     # -- internals -----------------------------------------------------------------------------
 

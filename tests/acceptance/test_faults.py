@@ -102,32 +102,60 @@ def test_workers__each_run_claimed_exactly_once(db_url: str, tmp_path: Path) -> 
         rt.close()
 
 
+def executions(witness: Path, run_id: UUID) -> Counter[int]:
+    """How many times each scripted step really ran (its witness file, outside the DB)."""
+    path = witness / str(run_id)
+    return Counter(int(k) for k in path.read_text().split()) if path.exists() else Counter()
+
+
+def check_executions(rt: Runtime, witness: Path, trails: dict[UUID, list[Any]]) -> None:
+    """Per run: every step whose record landed ran once, except that each crash may have
+    re-run the one step in flight (at most one step is ever unrecorded); and a settled run's
+    journal is empty."""
+    for run_id, events in trails.items():
+        counts = executions(witness, run_id)
+        crashes = sum(isinstance(e, Run.Reclaimed) for e in events)
+        names = [e.name for e in events if isinstance(e, Run.StepRecorded)]
+        assert len(names) == len(set(names)), (run_id, names)  # no step recorded twice
+        for name in names:
+            assert 1 <= counts[int(name.removeprefix("think-"))] <= 1 + crashes, (run_id, counts)
+        assert sum(counts.values()) - len(counts) <= crashes, (run_id, counts, crashes)
+        if isinstance(events[-1], Run.Completed):
+            assert sorted(counts) == list(range(1, 7)), (run_id, counts)
+        assert rt.store.journal(run_id) == [], run_id
+
+
 def test_crash__sigkilled_workers_runs_still_finish_once(db_url: str, tmp_path: Path) -> None:
     """Workers are SIGKILLed at random while the reaper runs; every run ends exactly once,
-    and a run that lost its worker finished after a reclaim or was dead-lettered for it."""
+    a run that lost its worker finished after a reclaim or was dead-lettered for it, every
+    step whose record landed was executed once (counted outside the database), and every
+    settled run's journal is empty."""
     rt = make_runtime(db_url, lease_seconds=1.5)
     rng = random.Random(7)
     procs: list[subprocess.Popen[Any]] = []
     env = {"STEPTRAIL_LEASE_SECONDS": "1.5"}
+    witness = tmp_path / "witness"
+    witness.mkdir()
     try:
-        ids = [rt.enqueue("scripted", {"steps": 6, "sleep": 0.1}) for _ in range(60)]
-        procs = [
-            spawn_worker(db_url, "--concurrency", "4", log=tmp_path / f"w{i}.log", **env)
-            for i in range(3)
-        ]
+        request = {"steps": 6, "sleep": 0.1, "witness": str(witness)}
+        ids = [rt.enqueue("scripted", request) for _ in range(60)]
+        logs = [tmp_path / f"w{i}.log" for i in range(3)]
+        procs = [spawn_worker(db_url, "--concurrency", "4", log=log, **env) for log in logs]
         reaper = rt.reaper()
         kills = 0
         deadline = time.monotonic() + 120
         next_kill = time.monotonic() + 0.5
         while time.monotonic() < deadline and not all_terminal(rt, ids):
-            if kills < 6 and time.monotonic() >= next_kill:
-                victim = rng.randrange(len(procs))
+            # Kill only a worker that has claimed work: on a loaded machine a freshly started
+            # one may still be importing, and killing it would strand nothing.
+            busy = [i for i, log in enumerate(logs) if "run_claimed" in log.read_text()]
+            if kills < 6 and busy and time.monotonic() >= next_kill:
+                victim = rng.choice(busy)
                 procs[victim].send_signal(signal.SIGKILL)
                 procs[victim].wait()
                 kills += 1
-                procs[victim] = spawn_worker(
-                    db_url, "--concurrency", "4", log=tmp_path / f"r{kills}.log", **env
-                )
+                logs[victim] = tmp_path / f"r{kills}.log"
+                procs[victim] = spawn_worker(db_url, "--concurrency", "4", log=logs[victim], **env)
                 next_kill = time.monotonic() + rng.uniform(0.3, 0.7)
             reaper.reap_once(50)
             time.sleep(0.2)
@@ -141,8 +169,45 @@ def test_crash__sigkilled_workers_runs_still_finish_once(db_url: str, tmp_path: 
             assert row.status is RunStatus.COMPLETED or (
                 row.state.reason is TerminationReason.RETRIES_EXHAUSTED
             ), (run_id, row.state)
+        check_executions(rt, witness, trails)
+        replays = [e for t in trails.values() for e in t if isinstance(e, Run.Replayed)]
+        assert replays, "a reclaimed run that had recorded steps should have replayed them"
         rt.project()
         assert rt.verify() == []
+    finally:
+        stop(procs)
+        rt.close()
+
+
+def test_crash__sigkill_at_step_4_of_6_resumes_from_the_journal(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A worker is SIGKILLed in the middle of step 4 of 6; the reaper reclaims the run and
+    another worker process finishes it: steps 1-3 ran exactly once in total, 5-6 once, and
+    only step 4 (in flight at the kill) ran twice (counted outside the database)."""
+    rt = make_runtime(db_url, lease_seconds=1.0)
+    env = {"STEPTRAIL_LEASE_SECONDS": "1.0"}
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        run_id = rt.enqueue(
+            "scripted",
+            {"steps": 6, "crash": {"at": 4, "times": 1}, "witness": str(witness)},
+        )
+        procs.append(spawn_worker(db_url, log=tmp_path / "victim.log", **env))
+        assert procs[0].wait(60) == -signal.SIGKILL
+        assert rt.get(run_id).status is RunStatus.RUNNING
+        assert wait_until(lambda: rt.reap().requeued == 1, 15, step=0.2)
+        procs.append(spawn_worker(db_url, log=tmp_path / "rescuer.log", **env))
+        assert wait_until(lambda: rt.get(run_id).status.is_terminal, 60)
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        assert executions(witness, run_id) == {1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1}
+        trail = check_trails(rt, [run_id])[run_id]
+        assert [(e.count, e.last_seq) for e in trail if isinstance(e, Run.Replayed)] == [(3, 3)]
+        names = [e.name for e in trail if isinstance(e, Run.StepRecorded)]
+        assert names == [f"think-{k}" for k in range(1, 7)]
+        assert rt.store.journal(run_id) == []
     finally:
         stop(procs)
         rt.close()

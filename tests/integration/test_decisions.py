@@ -94,7 +94,10 @@ def test_deny__calls_get_error_results_and_the_agent_continues(runtime: Runtime)
     decided = next(h.event for h in trail if isinstance(h.event, Run.Decided))
     assert decided.approved is False
     after = [h.event for h in trail if isinstance(h.event, Run.StepRecorded)]
-    assert [s.name for s in after] == ["think-1", "send_email", "think-2", "think-3"]
+    # think-1 is replayed on the resumed segment, not recorded again; taking the decision
+    # is a step of its own (ADR 0015).
+    assert [s.name for s in after] == ["think-1", "approval", "send_email", "think-2", "think-3"]
+    assert after[1].kind == "decision"
 
 
 def test_digest__mismatch_refused_and_run_stays_waiting(runtime: Runtime) -> None:

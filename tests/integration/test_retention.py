@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -273,3 +274,53 @@ def test_privacy__planted_secrets_reach_no_table(runtime: Runtime, kind: str, le
         assert marker not in text
     else:
         assert marker in text  # redacted keeps the rest of the content
+
+
+def journal_canary_app() -> App:
+    """A run whose only verbatim content is a step result: a canary derived from the
+    request (never equal to it), so before the purge it can only be in the journal."""
+    app = App()
+
+    @app.agent("journaled")
+    def agent(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("make", lambda: f"CANARY-{request['seed'][::-1]}")
+        ctx.request_approval([{"name": "send_email", "arguments": {}}])
+        return {}
+
+    return app
+
+
+def test_purge__canary_in_a_journaled_result_leaves_zero_bytes(db_url: str) -> None:
+    """A canary held only by the step journal of a waiting run is gone after the purge:
+    from every table on both backends, and from the SQLite database and WAL files."""
+    seed = uuid.uuid4().hex
+    canary = f"CANARY-{seed[::-1]}"
+    rt = make_runtime(db_url, app=journal_canary_app())  # privacy: metadata (the default)
+    try:
+        run_id = rt.enqueue("journaled", {"seed": seed})
+        rt.work(burst=True)
+        assert rt.get(run_id).status is RunStatus.WAITING_FOR_APPROVAL
+        assert [e.value for e in rt.store.journal(run_id)] == [canary]
+        rt.project()
+        assert all_table_text(rt).count(canary) == 1  # the journal row, nowhere else
+        if rt.store.backend == "sqlite":
+            assert canary.encode() in sqlite_bytes(rt)  # the raw scan can see it
+        age(rt, [run_id], days=40)
+        assert rt.purge().total == 1
+        assert canary not in all_table_text(rt)
+        assert rt.store.journal(run_id) == []
+        if rt.store.backend == "sqlite":
+            assert canary.encode() not in sqlite_bytes(rt)
+    finally:
+        rt.close()
+
+
+def sqlite_bytes(rt: Runtime) -> bytes:
+    """The raw bytes of the SQLite database file and its WAL, as a disk scan reads them."""
+    store: Any = rt.store
+    raw = b""
+    for suffix in ("", "-wal"):
+        path = Path(f"{store.db_name}{suffix}")
+        if path.exists():
+            raw += path.read_bytes()
+    return raw

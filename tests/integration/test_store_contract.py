@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from steptrail.domain.enums import Effect, RunStatus, TerminationReason, WaitKind
+from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import VersionConflict
+from steptrail.domain.journal import JournalEntry, StepCall
 from steptrail.domain.run import Run, fold
 from steptrail.projections.run_index import normalise, rebuild_row
 
@@ -103,8 +104,6 @@ def test_requeue__not_claimable_before_its_delay(store: Any) -> None:
     """A requeued run honours its backoff: invisible to claims until its time comes."""
     queued(store)
     run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
-    from steptrail.domain.enums import FailureClass
-
     run.requeue(delay_ms=400, failure_class=FailureClass.SERVER_ERROR, error_type="E")
     store.append(run)
     assert store.claim(holder="w", lease_ms=60_000, agents=AGENTS) is None
@@ -159,8 +158,6 @@ def test_index__rebuild_from_log_equals_live(store: Any) -> None:
     r = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
     r.record_step(kind="llm", name="s", duration_ms=1)
     store.append(r)
-    from steptrail.domain.enums import FailureClass
-
     r.requeue(delay_ms=1234, failure_class=FailureClass.RATE_LIMIT, error_type="E")
     store.append(r)
     other = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
@@ -177,3 +174,60 @@ def test_migrate__idempotent(store: Any) -> None:
     """Migrating an up-to-date database applies nothing and reports nothing pending."""
     assert store.pending_migrations() == []
     assert store.migrate() == []
+
+
+def journaled(store: Any) -> Run:
+    """A claimed run with two steps appended, each with its journal entry."""
+    queued(store)
+    claimed = store.claim(holder="w", lease_ms=60_000, agents=AGENTS)
+    run: Run = claimed.run
+    for k in (1, 2):
+        entry = JournalEntry.of_value(k, StepCall("llm", f"s{k}", "f" * 16), {"k": k})
+        run.record_step(kind="llm", name=f"s{k}", duration_ms=1, journal=entry)
+    store.append(run)
+    return run
+
+
+def test_journal__written_with_its_steps_in_one_append(store: Any) -> None:
+    """The entries of a batch of steps land with their records, numbered as the steps."""
+    run = journaled(store)
+    entries = store.journal(run.id)
+    assert [(e.seq, e.position, e.name, e.value) for e in entries] == [
+        (1, 1, "s1", {"k": 1}),
+        (2, 2, "s2", {"k": 2}),
+    ]
+
+
+def test_journal__fenced_append_writes_no_entry(store: Any) -> None:
+    """An append that loses the fence writes neither its events nor its journal entries."""
+    run = journaled(store)
+    zombie = store.load(run.id)
+    run.renew_lease()
+    store.append(run)
+    entry = JournalEntry.of_value(3, StepCall("llm", "s3", "f" * 16), "late")
+    zombie.record_step(kind="llm", name="s3", duration_ms=1, journal=entry)
+    with pytest.raises(VersionConflict):
+        store.append(zombie)
+    assert [e.seq for e in store.journal(run.id)] == [1, 2]
+
+
+def test_journal__deleted_by_the_settling_append(store: Any) -> None:
+    """Settling deletes the run's journal in the same append, and writes none of its own."""
+    run = journaled(store)
+    entry = JournalEntry.of_value(3, StepCall("llm", "s3", "f" * 16), "last")
+    run.record_step(kind="llm", name="s3", duration_ms=1, journal=entry)
+    run.complete()
+    store.append(run)
+    assert store.journal(run.id) == []
+    assert [type(h.event).__name__ for h in store.history(run.id)][-2:] == [
+        "StepRecorded",
+        "Completed",
+    ]
+
+
+def test_journal__kept_across_a_requeue(store: Any) -> None:
+    """A requeue is not a settle: the journal stays for the next segment to replay."""
+    run = journaled(store)
+    run.requeue(delay_ms=0, failure_class=FailureClass.SERVER_ERROR, error_type="E")
+    store.append(run)
+    assert [e.seq for e in store.journal(run.id)] == [1, 2]

@@ -333,18 +333,7 @@ def test_runner__waits_for_a_lower_id_that_commits_later(pg_url: str) -> None:
         rt.project()
         assert slow is not None
         slow.cancel(actor="slow-writer")
-        params = {**rt.store._params(slow), "expected": slow.committed_version}  # type: ignore[attr-defined]
-        from steptrail.infrastructure.store_base import encoded_events
-
-        events = encoded_events(slow)
-        params.update(
-            versions=[v for v, _, _ in events],
-            topics=[t for _, t, _ in events],
-            states=[s for _, _, s in events],
-            resumable=None,
-            drop_saved=True,
-            notify=False,
-        )
+        params = rt.store.append_params(slow)  # type: ignore[union-attr]
         with psycopg.connect(pg_url) as conn:  # an open transaction: its id is taken now
             conn.execute(rt.store.q["append"], params)
             rt.cancel(fast, by="fast-writer")  # commits first, with a higher id

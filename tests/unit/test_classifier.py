@@ -46,8 +46,8 @@ class StatusAttrError(Exception):
         self.status = status
 
 
-def test_failure_class__eight_classes() -> None:
-    """There are exactly the eight reference failure classes."""
+def test_failure_class__eight_classes_and_the_durable_two() -> None:
+    """There are the eight reference failure classes plus timeout and non_deterministic."""
     assert {c.value for c in FailureClass} == {
         "connection",
         "rate_limit",
@@ -56,18 +56,21 @@ def test_failure_class__eight_classes() -> None:
         "client_error",
         "server_error",
         "circuit_open",
+        "timeout",
+        "non_deterministic",
         "unknown",
     }
 
 
 def test_is_retryable__exactly_the_transient_classes() -> None:
-    """Only connection, rate_limit, server_error and circuit_open are retried."""
+    """Only connection, rate_limit, server_error, circuit_open and timeout are retried."""
     retryable = {c for c in FailureClass if c.is_retryable}
     assert retryable == {
         FailureClass.CONNECTION,
         FailureClass.RATE_LIMIT,
         FailureClass.SERVER_ERROR,
         FailureClass.CIRCUIT_OPEN,
+        FailureClass.TIMEOUT,
     }
 
 

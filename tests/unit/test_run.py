@@ -151,6 +151,7 @@ COMMANDS: dict[str, Callable[[Run], Any]] = {
     "claim": lambda r: r.claim(holder=OTHER_WORKER, lease_ms=LEASE),
     "record_step": lambda r: r.record_step(kind="llm", name="chat", duration_ms=5),
     "renew_lease": lambda r: r.renew_lease(),
+    "record_replay": lambda r: r.record_replay(count=2, last_seq=2),
     "mark_effect_pending": lambda r: r.mark_effect_pending(
         tool="send_email", effect=Effect.NON_IDEMPOTENT_WRITE
     ),
@@ -176,6 +177,7 @@ LEGAL: dict[str, tuple[type[RunEvent], frozenset[str]]] = {
     "claim": (Run.Claimed, frozenset({"queued", "released"})),
     "record_step": (Run.StepRecorded, frozenset(HELD)),
     "renew_lease": (Run.LeaseRenewed, frozenset(HELD)),
+    "record_replay": (Run.Replayed, frozenset(HELD)),
     "mark_effect_pending": (Run.EffectPending, frozenset(HELD)),
     "complete": (Run.Completed, frozenset(HELD)),
     "fail": (Run.Failed, frozenset(HELD)),
@@ -350,7 +352,7 @@ def test_replay__committed_and_nothing_pending() -> None:
 def test_event_types__every_nested_event_registered_by_topic() -> None:
     """Every event nested on `Run` is registered under its own, unique, stable topic."""
     nested = [v for v in vars(Run).values() if isinstance(v, type) and issubclass(v, RunEvent)]
-    assert len(nested) == 17
+    assert len(nested) == 18
     for cls in nested:
         assert cls.TOPIC.startswith("steptrail.Run.")
         assert EVENT_TYPES[cls.TOPIC] is cls

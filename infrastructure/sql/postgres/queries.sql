@@ -59,18 +59,24 @@ SELECT run_id,
        CASE WHEN status = 'queued' THEN pg_notify('steptrail_queued', agent) END AS woken
 FROM new_run;
 -- name: append
--- See steptrail_append (migration 0004): lock the row and check the version (the fence),
--- then insert the events, maintain saved state and wake workers; one round trip.
+-- See steptrail_append (migration 0005): lock the row and check the version (the fence),
+-- then insert the events and the steps' journal entries, maintain saved state and wake
+-- workers; one round trip.
 SELECT steptrail_append(
     %(run_id)s, %(expected)s, %(versions)s, %(topics)s, %(states)s,
     %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s, %(lease_ms)s,
     %(claim_version)s, %(requeue_count)s, %(reason)s, %(idempotency_key)s, %(doc)s,
-    %(retry_delay_ms)s, %(resumable)s, %(drop_saved)s, %(notify)s
+    %(retry_delay_ms)s, %(resumable)s, %(drop_saved)s, %(notify)s,
+    %(j_seqs)s::bigint[], %(j_positions)s::integer[], %(j_kinds)s::text[],
+    %(j_names)s::text[], %(j_fingerprints)s::text[], %(j_outcomes)s::bytea[]
 );
 
 -- name: drop_saved_but_request
 -- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
--- its append passes drop_saved = false and runs this in the same transaction instead.
+-- its append passes drop_saved = false and runs this in the same transaction instead, which
+-- drops what steptrail_append's drop_saved would have dropped but the request (the journal
+-- goes too, as with any settle; ADR 0013).
+WITH journal AS (DELETE FROM steptrail_journal WHERE run_id = %(run_id)s)
 DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 
 
@@ -119,6 +125,11 @@ SELECT * FROM steptrail_runs WHERE idempotency_key = %(idempotency_key)s;
 
 -- name: select_saved
 SELECT body FROM steptrail_saved WHERE run_id = %(run_id)s AND kind = %(kind)s;
+
+-- name: select_journal
+-- A segment reads its run's whole journal once, before it calls the agent (ADR 0013).
+SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
+WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: select_stale
 -- Only running runs whose lease expired by the store's clock, oldest deadline first; the
@@ -308,6 +319,7 @@ WHERE c.agent = d.agent AND c.status = d.status;
 DELETE FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_view_dead_letters WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_saved WHERE run_id = ANY(%(ids)s::uuid[]);
+DELETE FROM steptrail_journal WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_events WHERE originator_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)

@@ -74,6 +74,17 @@ DELETE FROM steptrail_saved WHERE run_id = :run_id;
 -- everything else it saved goes, as with any settle.
 DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
 
+-- name: insert_journal
+-- SQLite only: part of an append, like insert_events (PostgreSQL: steptrail_append).
+-- Positional parameters (in this column order): it runs with every step.
+INSERT INTO steptrail_journal (run_id, seq, position, kind, name, fingerprint, outcome)
+VALUES (?, ?, ?, ?, ?, ?, ?);
+
+-- name: drop_journal
+-- SQLite only: settling deletes the journal in the same transaction (PostgreSQL:
+-- steptrail_append).
+DELETE FROM steptrail_journal WHERE run_id = :run_id;
+
 
 -- name: claim
 -- SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
@@ -111,6 +122,10 @@ SELECT * FROM steptrail_runs WHERE idempotency_key = :idempotency_key;
 
 -- name: select_saved
 SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
+
+-- name: select_journal
+SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
+WHERE run_id = :run_id ORDER BY seq;
 
 -- name: select_stale
 SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
@@ -279,6 +294,7 @@ UPDATE steptrail_view_status_counts SET count = count - (
 DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_events WHERE originator_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_runs WHERE run_id IN (SELECT value FROM json_each(:ids));
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)
