@@ -491,6 +491,8 @@ class Run:
         forced: bool = False
         previous_reason: TerminationReason | None = None
         cleared_tools: tuple[str, ...] = ()
+        # Non-idempotent writes the run had completed, which running it again repeats.
+        rerun_tools: tuple[str, ...] = ()
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
@@ -757,10 +759,19 @@ class Run:
             )
         )
 
-    def retry(self, *, actor: str, reset_budget: bool = False, force: bool = False) -> None:
+    def retry(
+        self,
+        *,
+        actor: str,
+        reset_budget: bool = False,
+        force: bool = False,
+        rerun_writes: tuple[str, ...] = (),
+    ) -> None:
         """Put a failed run back on the queue. The caller has checked that its request is
-        still saved; a pending non-idempotent write (the write may have happened) is refused
-        unless `force`, which the event records."""
+        still saved, and passes the non-idempotent writes the run completed that running it
+        again would repeat (`writes_done` of its log). Either those or a pending
+        non-idempotent write (one that may have happened) is refused unless `force`, which
+        the event records."""
         if self._state.status is not RunStatus.FAILED:
             raise IllegalTransition(
                 f"only a failed run can be retried; this one is {self._state.status}"
@@ -774,13 +785,20 @@ class Run:
                 f"a non-idempotent write ({tools}) may have happened before the run failed; "
                 "retry with --force to run it again on your responsibility"
             )
+        if rerun_writes and not force:
+            raise PendingWrite(
+                f"the run already did non-idempotent writes ({', '.join(rerun_writes)}) and a "
+                "retry runs it again from its request, repeating them; retry with --force to "
+                "take that responsibility"
+            )
         self._trigger(
             self.Retried(
                 actor=actor,
                 reset_budget=reset_budget,
-                forced=pending_write,
+                forced=pending_write or bool(rerun_writes),
                 previous_reason=self._state.reason,
                 cleared_tools=tuple(p.tool for p in self._state.pending_effects),
+                rerun_tools=tuple(rerun_writes),
             )
         )
 
@@ -879,6 +897,22 @@ def apply(state: RunState | None, event: RunEvent) -> RunState:
     if state is None:
         return new
     return new.evolve(version=state.version + 1)
+
+
+def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:
+    """The non-idempotent writes a run's log shows as done: a marker, then that step's
+    result recorded without an error. Running the run again from its request repeats them
+    (a settled run's step journal is gone, ADR 0013), so a retry asks for force (ADR 0025)."""
+    started: dict[int, str] = {}
+    done: list[str] = []
+    for event in events:
+        if isinstance(event, Run.EffectPending) and event.effect is Effect.NON_IDEMPOTENT_WRITE:
+            started[event.seq] = event.tool
+        elif isinstance(event, Run.StepRecorded) and event.seq in started:
+            tool = started.pop(event.seq)
+            if event.error_type is None:
+                done.append(tool)
+    return tuple(done)
 
 
 def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:

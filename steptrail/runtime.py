@@ -22,7 +22,7 @@ from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
 from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run, RunState, fold
+from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.reporting_store import ReportingStore
@@ -208,11 +208,13 @@ class Runtime:
     ) -> RunRow:
         """Put a failed run (dead-lettered or not) back on the queue, recorded as
         `Run.Retried` with `by`. Its requeue budget carries on unless `reset_budget`. It
-        re-runs from its saved request (kept for failed runs until purge, ADR 0025).
+        re-runs from its saved request (kept for failed runs until purge, ADR 0025), from
+        the top: its step journal went when it settled.
 
         Raises:
             UnknownRun: no such run.
-            PendingWrite: a non-idempotent write may have happened (pass `force`).
+            PendingWrite: a non-idempotent write may have happened, or was done and would
+                run again (pass `force`).
             IllegalTransition: the run is not failed, or has no saved request.
         """
         for _ in range(CANCEL_ATTEMPTS):
@@ -225,7 +227,8 @@ class Runtime:
                     "interactively, or it failed before failed runs kept their request); "
                     "enqueue a new run instead"
                 )
-            run.retry(actor=by, reset_budget=reset_budget, force=force)
+            done = writes_done(e.event for e in self.store.history(run_id))
+            run.retry(actor=by, reset_budget=reset_budget, force=force, rerun_writes=done)
             try:
                 self.store.append(run)
             except VersionConflict:

@@ -21,7 +21,7 @@ from steptrail.console.forms import Field, fields_for
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import DomainError
 from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run, RunState, fold
+from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.reporting_store import PageKey
 from steptrail.projections.reporting import DeadLetterRow, RunSummary
 from steptrail.runtime import Runtime
@@ -214,6 +214,7 @@ class RunPage:
     state_json: str
     decision: Decision | str | None
     request_kept: bool
+    rerun_writes: tuple[str, ...]
 
 
 def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
@@ -236,6 +237,7 @@ def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
         state_json=json.dumps(shown.model_dump(mode="json"), indent=2, sort_keys=True),
         decision=decision(rt, run_id, queueable=state.has_saved_request) if waiting else None,
         request_kept=rt.store.saved(run_id, "request") is not None,
+        rerun_writes=writes_done(e.event for e in events) if state.status.is_terminal else (),
     )
 
 

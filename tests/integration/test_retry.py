@@ -133,3 +133,25 @@ def test_retry_many__by_agent_reason_and_since(rt: Runtime) -> None:
     assert topics(rt, other) == ["Queued"]
     later = rt.retry_many(by="bob", since=datetime.now(UTC) + timedelta(hours=1))
     assert (later.retried, later.refused) == ([], [])
+
+
+def test_retry__a_done_non_idempotent_write_would_run_again_so_needs_force(rt: Runtime) -> None:
+    """A run that completed a non-idempotent write and then failed is refused a plain retry
+    (the write would repeat); forced, the event names the write."""
+    run_id = rt.enqueue(
+        "scripted",
+        {
+            "steps": 3,
+            "tool": {"effect": "non_idempotent_write", "at": 2},
+            "fail": {"class": "auth", "at": 3},
+        },
+    )
+    rt.work(burst=True)
+    assert rt.get(run_id).status is RunStatus.FAILED
+    assert rt.get(run_id).state.pending_effects == ()
+    with pytest.raises(PendingWrite, match="send_email"):
+        rt.retry(run_id, by="alice")
+    rt.retry(run_id, by="alice", force=True)
+    last = rt.history(run_id)[-1].event
+    assert isinstance(last, Run.Retried)
+    assert (last.forced, last.rerun_tools) == (True, ("send_email",))

@@ -9,7 +9,7 @@ import pytest
 from steptrail.domain.digest import digest
 from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason
 from steptrail.domain.errors import IllegalTransition, PendingWrite
-from steptrail.domain.run import Run, fold
+from steptrail.domain.run import Run, fold, writes_done
 
 RUN_ID = UUID("00000000-0000-4000-8000-000000000013")
 WORKER = "worker:host-a:1:aa"
@@ -90,3 +90,37 @@ def test_retry__needs_an_actor() -> None:
     """A blank name is refused."""
     with pytest.raises(IllegalTransition, match="--by"):
         failed().retry(actor=" ")
+
+
+def test_retry__completed_non_idempotent_writes_need_force() -> None:
+    """Writes the run already did would run again from the top: refused unless forced, and
+    the event names them."""
+    run = Run.enqueue(run_id=RUN_ID, agent="a", request_digest=digest({}), actor="api")
+    run.claim(holder=WORKER, lease_ms=1000)
+    seq = run.mark_effect_pending(tool="charge", effect=Effect.NON_IDEMPOTENT_WRITE)
+    run.record_step(kind="tool", name="charge", duration_ms=1)
+    assert seq == 1
+    run.dead_letter(actor=WORKER, reason=TerminationReason.NOT_RETRYABLE, cause="later step")
+    done = writes_done(run.pending_events)
+    assert done == ("charge",)
+    with pytest.raises(PendingWrite, match="charge"):
+        run.retry(actor="alice", rerun_writes=done)
+    run.retry(actor="alice", rerun_writes=done, force=True)
+    event = run.pending_events[-1]
+    assert isinstance(event, Run.Retried)
+    assert (event.forced, event.rerun_tools, event.cleared_tools) == (True, ("charge",), ())
+
+
+def test_writes_done__only_completed_non_idempotent_writes() -> None:
+    """An idempotent write, a write that raised, and a marker without a result are not
+    'done'; a non-idempotent write with its result is."""
+    run = Run.enqueue(run_id=RUN_ID, agent="a", request_digest=digest({}), actor="api")
+    run.claim(holder=WORKER, lease_ms=1000)
+    run.mark_effect_pending(tool="put", effect=Effect.IDEMPOTENT_WRITE)
+    run.record_step(kind="tool", name="put", duration_ms=1)
+    run.mark_effect_pending(tool="mail", effect=Effect.NON_IDEMPOTENT_WRITE)
+    run.record_step(kind="tool", name="mail", duration_ms=1, error_type="Timeout")
+    run.mark_effect_pending(tool="pay", effect=Effect.NON_IDEMPOTENT_WRITE)
+    run.record_step(kind="tool", name="pay", duration_ms=1)
+    run.mark_effect_pending(tool="ship", effect=Effect.NON_IDEMPOTENT_WRITE)
+    assert writes_done(run.pending_events) == ("pay",)
