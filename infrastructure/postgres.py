@@ -129,15 +129,16 @@ class PostgresRunStore(ClaimsOne):
 
     # -- schema --------------------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
-        """Apply missing migrations under an advisory lock; returns the names applied."""
+    def migrate(self, *, upto: int | None = None) -> list[str]:
+        """Apply missing migrations under an advisory lock (only those numbered `upto` or
+        lower, if given); returns the names applied."""
         applied_now: list[str] = []
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["migration_lock"])
             conn.execute(self.q["create_migrations_table"])
             done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
             for number, name, sql in migrations(self.backend):
-                if number in done:
+                if number in done or (upto is not None and number > upto):
                     continue
                 conn.execute(sql.encode("utf-8"))  # migration text ships with steptrail
                 conn.execute(self.q["record_migration"], {"version": number, "name": name})
@@ -269,7 +270,9 @@ class PostgresRunStore(ClaimsOne):
                 run_id=run_id,
                 version=r["version"],
                 recorded_at=r["recorded_at"],
-                event=decode_event(r["topic"], bytes(r["state"])),
+                event=decode_event(
+                    r["topic"], bytes(r["state"]), where=f"event {r['version']} of run {run_id}"
+                ),
                 notification_id=r["notification_id"],
             )
             for r in rows
@@ -305,7 +308,9 @@ class PostgresRunStore(ClaimsOne):
         cur.itersize = 2000
         cur.execute(self.q["select_log"])
         for r in cur:
-            yield r["run_id"], decode_event(r["topic"], bytes(r["state"])), r["recorded_at"]
+            where = f"event {r['version']} of run {r['run_id']}"
+            event = decode_event(r["topic"], bytes(r["state"]), where=where)
+            yield r["run_id"], event, r["recorded_at"]
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
         """Replace the run index with one folded from the log, in one transaction that holds
@@ -381,7 +386,11 @@ class PostgresRunStore(ClaimsOne):
         return ids
 
     def after_purge(self) -> None:
-        """Nothing to do: PostgreSQL reclaims deleted rows with (auto)vacuum."""
+        """VACUUM the tables a purge touched, so the space of deleted content is reclaimed
+        now rather than whenever autovacuum comes by (the WAL is the operator's: README)."""
+        with self._connection() as conn:
+            conn.autocommit = True
+            conn.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id})

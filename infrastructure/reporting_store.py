@@ -315,14 +315,19 @@ class ReportingStore:
     def _notification(self, row: Any) -> Notification:
         at = self.d.py_time(row["recorded_at"])
         assert at is not None
-        run_id = row["run_id"]
+        raw_id = row["run_id"]
+        run_id = raw_id if isinstance(raw_id, UUID) else UUID(raw_id)
         return Notification(
             tx=int(row["tx_id"]),
             notification_id=int(row["notification_id"]),
-            run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
+            run_id=run_id,
             version=int(row["version"]),
             recorded_at=at,
-            event=decode_event(row["topic"], bytes(row["state"])),
+            event=decode_event(
+                row["topic"],
+                bytes(row["state"]),
+                where=f"event {row['version']} of run {run_id}",
+            ),
         )
 
     def _summary(self, row: Any) -> RunSummary:

@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import InterfaceError, PersistenceError
@@ -55,23 +56,102 @@ _WAKERS: dict[str, threading.Event] = {}
 _WAKERS_LOCK = threading.Lock()
 
 
+SYSTEM_FOLDERS = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/boot",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/usr",
+)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class ReadOnlyStore(StoreUnavailable):
+    """A write was asked of a store opened read-only (`?mode=ro`, or a file steptrail may
+    not write)."""
+
+
+@dataclass(frozen=True)
+class SQLiteTarget:
+    """Where a `sqlite:` URL points: the name for the connection pool, the file (None for a
+    private in-memory database) and whether to open it read-only."""
+
+    db_name: str
+    path: Path | None
+    read_only: bool
+
+
 def path_from_url(url: str) -> str:
     """The database name the eventsourcing SQLite pool wants for a `sqlite:///` URL."""
+    return target_from_url(url).db_name
+
+
+def target_from_url(url: str) -> SQLiteTarget:
+    """Check a `sqlite:` URL and say how to open it (ADR 0021).
+
+    `sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite:///:memory:` (a private
+    in-memory database, for tests and trials), and `?mode=ro` to open a file read-only. A
+    file that exists but is not writable (a read-only mount) is opened read-only too.
+
+    Raises:
+        ValueError: no file named (`sqlite://`, `sqlite:///`), a host, an unknown query, a
+            missing folder, a system folder, or an existing file that is not SQLite.
+    """
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
         raise ValueError(f"not a SQLite URL: {url!r}")
-    path = parts.path[1:] if parts.path.startswith("/") and not parts.netloc else parts.path
     if parts.netloc:
         raise ValueError(
             f"a SQLite URL has no host; use sqlite:///relative or sqlite:////abs: {url!r}"
         )
-    if path in ("", ":memory:"):
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if set(query) - {"mode"} or query.get("mode", ["ro"]) != ["ro"]:
+        raise ValueError(f"a SQLite URL takes only ?mode=ro, not ?{parts.query}")
+    mode_ro = "mode" in query
+    if path == "":
+        raise ValueError(
+            f"{url!r} names no database file: use sqlite:///path.db "
+            "(or sqlite:///:memory: for a private in-memory database)"
+        )
+    if path == ":memory:":
         # A private shared-cache database: every connection of this store sees the same one.
-        return f"file:steptrail-{uuid4().hex}?mode=memory&cache=shared"
-    folder = Path(path).expanduser().resolve().parent
-    if not folder.is_dir():
-        raise ValueError(f"the folder of the SQLite database does not exist: {folder}")
-    return str(Path(path).expanduser())
+        return SQLiteTarget(f"file:steptrail-{uuid4().hex}?mode=memory&cache=shared", None, False)
+    file = Path(path).expanduser()
+    resolved = file.resolve()
+    _check_file(resolved, url, mode_ro=mode_ro)
+    folder_writable = os.access(resolved.parent, os.W_OK)
+    writable = not resolved.exists() or (os.access(resolved, os.W_OK) and folder_writable)
+    if not folder_writable and resolved.exists():
+        # A read-only folder (a read-only mount): SQLite cannot create the WAL index beside
+        # the file, so the file is opened as immutable; nobody can write it from here anyway.
+        return SQLiteTarget(f"file:{quote(str(resolved))}?mode=ro&immutable=1", resolved, True)
+    if mode_ro or not writable:
+        return SQLiteTarget(f"file:{quote(str(resolved))}?mode=ro", resolved, True)
+    return SQLiteTarget(str(file), resolved, False)
+
+
+def _check_file(resolved: Path, url: str, *, mode_ro: bool) -> None:
+    """Refuse system folders, missing folders and existing files that are not SQLite."""
+    for folder in SYSTEM_FOLDERS:
+        if resolved == Path(folder) or resolved.is_relative_to(folder):
+            raise ValueError(f"refusing a SQLite database in the system folder {folder}: {url!r}")
+    if not resolved.parent.is_dir():
+        raise ValueError(f"the folder of the SQLite database does not exist: {resolved.parent}")
+    if resolved.exists():
+        if not resolved.is_file():
+            raise ValueError(f"not a file: {resolved}")
+        with suppress(OSError), resolved.open("rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+            if head and head != SQLITE_HEADER:
+                raise ValueError(f"not a SQLite database: {resolved}")
+    elif mode_ro:
+        raise ValueError(f"no SQLite database to open read-only at {resolved}")
 
 
 def _configure(conn: object, cur: sqlite3.Cursor) -> None:
@@ -147,7 +227,10 @@ class SQLiteRunStore(ClaimsOne):
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
-        self.db_name = path_from_url(url)
+        target = target_from_url(url)
+        self.db_name = target.db_name
+        self.path = target.path
+        self.read_only = target.read_only
         self.datastore = SQLiteDatastore(
             self.db_name,
             lock_timeout=BUSY_TIMEOUT_SECONDS,
@@ -157,9 +240,10 @@ class SQLiteRunStore(ClaimsOne):
         )
         _cache_statements(self.datastore.pool)
         self.q = queries(self.backend)
+        # The writer-lock file is opened on the first write, never by a reader: a read-only
+        # database (a read-only mount, ?mode=ro) must serve every read (ADR 0021).
         self._lock_fd: int | None = None
-        if not self.db_name.startswith("file:"):
-            self._lock_fd = os.open(f"{self.db_name}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_open = threading.Lock()
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -212,33 +296,53 @@ class SQLiteRunStore(ClaimsOne):
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
+    def _writer_lock(self) -> int | None:
+        if self.path is None:
+            return None  # in-memory: one process only
+        with self._lock_open:
+            if self._lock_fd is None:
+                try:
+                    self._lock_fd = os.open(
+                        f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600
+                    )
+                except OSError as e:
+                    raise ReadOnlyStore(f"cannot write to {self.path}: {e.strerror or e}") from e
+            return self._lock_fd
+
     @contextmanager
     def _process_lock(self) -> Iterator[None]:
-        if self._lock_fd is None:
+        if self.read_only:
+            raise ReadOnlyStore(
+                f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
+            )
+        fd = self._writer_lock()
+        if fd is None:
             yield
             return
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        with self._lock_open:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
         self.datastore.close()
 
     # -- schema --------------------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
+    def migrate(self, *, upto: int | None = None) -> list[str]:
+        """Apply missing migrations (only those numbered `upto` or lower, if given)."""
         applied_now: list[str] = []
         with self._write() as (cur, at):
             cur.execute(self.q["create_migrations_table"])
             cur.execute(self.q["applied_migrations"])
             done = {r["version"] for r in cur.fetchall()}
             for number, name, sql in migrations(self.backend):
-                if number in done:
+                if number in done or (upto is not None and number > upto):
                     continue
                 # executescript would COMMIT our transaction; run statement by statement.
                 for statement in statements(sql):
@@ -414,7 +518,9 @@ class SQLiteRunStore(ClaimsOne):
                 run_id=run_id,
                 version=r["version"],
                 recorded_at=to_datetime(r["recorded_at"]) or datetime.now(UTC),
-                event=decode_event(r["topic"], bytes(r["state"])),
+                event=decode_event(
+                    r["topic"], bytes(r["state"]), where=f"event {r['version']} of run {run_id}"
+                ),
                 notification_id=r["notification_id"],
             )
             for r in rows
@@ -452,7 +558,9 @@ class SQLiteRunStore(ClaimsOne):
             for r in batch:
                 at = to_datetime(r["recorded_at"])
                 assert at is not None
-                yield UUID(r["run_id"]), decode_event(r["topic"], bytes(r["state"])), at
+                run_id = UUID(r["run_id"])
+                where = f"event {r['version']} of run {run_id}"
+                yield run_id, decode_event(r["topic"], bytes(r["state"]), where=where), at
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
         """Replace the run index with one folded from the log, under the write lock."""
@@ -519,7 +627,7 @@ class SQLiteRunStore(ClaimsOne):
     def after_purge(self) -> None:
         """Fold the WAL back into the database so deleted content leaves the WAL file too."""
         with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
-            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cur.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id.hex})

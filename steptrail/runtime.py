@@ -18,12 +18,15 @@ from uuid import UUID, uuid4
 import structlog
 from pydantic import ValidationError
 
+from steptrail.domain.actors import check_actor
 from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
+from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.logging import set_level, steptrail_logger
 from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
@@ -40,6 +43,7 @@ from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
+MAX_KEY_LENGTH = 1000
 
 
 @dataclass
@@ -68,7 +72,7 @@ class Runtime:
         self.app = app
         self.settings = settings
         self.store = store
-        self.log = log or structlog.get_logger("steptrail")
+        self.log = log or steptrail_logger()
         self._keeper: LeaseKeeper | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -98,6 +102,7 @@ class Runtime:
             lease_s=self.settings.lease_seconds,
             policy=self.settings.retry_policy(),
             privacy=self.settings.privacy_level,
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     # -- use cases -----------------------------------------------------------------------------
@@ -122,6 +127,9 @@ class Runtime:
         body = self._request_body(agent, request)
         if idempotency_key is not None and not idempotency_key.strip():
             raise InvalidRequest("an idempotency key cannot be blank")
+        if idempotency_key is not None and len(idempotency_key) > MAX_KEY_LENGTH:
+            raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
+        check_actor(actor)
         run = Run.enqueue(
             run_id=uuid4(),
             agent=agent,
@@ -189,7 +197,9 @@ class Runtime:
         Raises:
             UnknownRun: no such run.
             IllegalTransition: the run already ended.
+            InvalidActor: `by` is not an acceptable actor name.
         """
+        check_actor(by)
         for _ in range(CANCEL_ATTEMPTS):
             run = self.store.load(run_id)
             if run is None:
@@ -216,7 +226,9 @@ class Runtime:
             PendingWrite: a non-idempotent write may have happened, or was done and would
                 run again (pass `force`).
             IllegalTransition: the run is not failed, or has no saved request.
+            InvalidActor: `by` is not an acceptable actor name.
         """
+        check_actor(by)
         for _ in range(CANCEL_ATTEMPTS):
             run = self.store.load(run_id)
             if run is None:
@@ -259,6 +271,7 @@ class Runtime:
         `limit`, oldest first). A run that cannot be retried is reported, not raised."""
         if limit < 1:
             raise ValueError("limit must be a positive integer")
+        check_actor(by)
         ids = self.store.failed_ids(
             agent=agent,
             reason=TerminationReason(reason).value if reason else None,
@@ -278,7 +291,12 @@ class Runtime:
     # -- people in the loop --------------------------------------------------------------------
 
     def decisions(self) -> Decisions:
-        return Decisions(self.store, lease_ms=self.settings.lease_ms, executor=self._executor)
+        return Decisions(
+            self.store,
+            lease_ms=self.settings.lease_ms,
+            executor=self._executor,
+            max_input_bytes=self.settings.max_payload_bytes,
+        )
 
     def pending(self, run_id: UUID) -> PendingDecision:
         """What a waiting run waits for, with the digest a decision must quote."""
@@ -449,6 +467,10 @@ class Runtime:
         value: Any = {} if request is None else request
         if not isinstance(value, Mapping):
             raise InvalidRequest("a request must be a JSON object")
+        try:
+            check_depth(value, "the request")
+        except PayloadRejected as error:
+            raise InvalidRequest(str(error)) from error
         if spec.request_model is not None:
             try:
                 value = spec.request_model.model_validate(value).model_dump(
@@ -461,9 +483,14 @@ class Runtime:
                 )
                 raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
         try:
-            return canonical_json(dict(value))
-        except (TypeError, ValueError) as error:
+            body = canonical_json(dict(value))
+        except (TypeError, ValueError, RecursionError) as error:
             raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
+        try:
+            check_size(len(body), self.settings.max_request_bytes, "the request")
+        except PayloadRejected as error:
+            raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
+        return body
 
     def _executor(self) -> Executor:
         if self._keeper is None:
@@ -478,6 +505,7 @@ def open_runtime(
     *,
     url: str | None = None,
     settings: Settings | None = None,
+    ensure_schema: bool = True,
     **overrides: Any,
 ) -> Runtime:
     """Open a runtime: read settings, connect, migrate the schema if needed.
@@ -487,20 +515,32 @@ def open_runtime(
         url: the database URL (else `settings.database_url`, i.e. `STEPTRAIL_DATABASE_URL`,
             default `sqlite:///steptrail.db`).
         settings: explicit settings (else read from the environment).
+        ensure_schema: check (and with auto-migrate, create or upgrade) the schema; False
+            only for a caller that migrates itself (`steptrail migrate`).
         overrides: individual settings, e.g. `lease_seconds=5`.
 
     Raises:
-        ValueError: a bad database URL. StoreUnavailable: the database cannot be reached.
+        ValueError: a bad database URL (InvalidSettings: a bad setting, naming it).
+        StoreUnavailable: the database cannot be reached. SchemaMissing: the schema is
+        behind and auto-migrate is off.
     """
     from steptrail.examples import app as examples
 
     if settings is None:
         settings = Settings(**overrides)
     elif overrides:
-        settings = Settings.model_validate({**settings.model_dump(), **overrides})
+        settings = Settings(**{**settings.model_dump(), **overrides})
+    if "log_level" in settings.model_fields_set:
+        # Only the level, and only when it was asked for: where records go is the host's
+        # choice (its logging configuration), never ours (ADR 0021).
+        set_level(settings.log_level)
     combined = App()
     combined.include(examples)
     if app is not None:
         combined.include(app)
-    store = open_store(url or settings.database_url, migrate=settings.auto_migrate)
+    store = open_store(
+        url or settings.database_url,
+        migrate=settings.auto_migrate,
+        ensure_schema=ensure_schema,
+    )
     return Runtime(combined, settings, store)

@@ -17,6 +17,7 @@ import structlog
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
+from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
@@ -44,6 +45,7 @@ class ExecutionConfig:
     lease_s: float
     policy: RetryPolicy
     privacy: PrivacyLevel
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
 class Executor:
@@ -86,6 +88,8 @@ class Executor:
             privacy=privacy,
             effect_of=self.app.effect_of,
             resumable=resumable,
+            max_payload_bytes=self.config.max_payload_bytes,
+            declared_tools=self.app.declared_tools,
             journal=journal,
             classify=self.classifier,
             deadlines=Deadlines(
@@ -126,7 +130,14 @@ class Executor:
         if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
             return self._on_failure(segment, ctx, ctx.diverged)
         ctx.note_replay()
-        body = filter_payload(jsonable({"result": result}), privacy)
+        try:
+            # A result that could not be read back must never be written (ADR 0019): the
+            # run fails instead, not retryable (it would return the same result again).
+            check_depth(result, "the run's result")
+            body = filter_payload(jsonable({"result": result}), privacy)
+            ctx.check_size(body, "the run's result")
+        except PayloadRejected as error:
+            return self._on_failure(segment, ctx, error)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
         )

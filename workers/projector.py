@@ -12,7 +12,7 @@ from typing import Protocol
 
 import structlog
 
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.errors import StoreUnavailable, UnreadableEvent
 
 
 class Views(Protocol):
@@ -47,6 +47,13 @@ class Projector:
                 consumed = self.run_once()
             except StoreUnavailable as error:
                 self.log.warning("projection_failed", error=str(error)[:200])
+                consumed = 0
+            except UnreadableEvent as error:
+                # The views stop at the event before it (nothing is skipped) and the runner
+                # keeps trying; the worker around it carries on (ADR 0019).
+                self.log.error(  # noqa: TRY400 - the message names the row; a traceback adds nothing
+                    "projection_stalled", error=str(error)[:300]
+                )
                 consumed = 0
             if consumed < self.batch:
                 stop.wait(interval)

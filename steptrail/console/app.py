@@ -33,7 +33,14 @@ from starlette.staticfiles import StaticFiles
 from steptrail.console import pages
 from steptrail.console.forms import fields_for, values_from
 from steptrail.console.security import CSRF_COOKIE, CSRF_FIELD, Guard, csrf_ok
-from steptrail.domain.errors import DigestMismatch, DomainError, InvalidInput, UnknownRun
+from steptrail.domain.actors import check_actor
+from steptrail.domain.errors import (
+    DigestMismatch,
+    DomainError,
+    InvalidActor,
+    InvalidInput,
+    UnknownRun,
+)
 from steptrail.runtime import Runtime
 
 OPERATOR_COOKIE = "steptrail_operator"
@@ -204,7 +211,7 @@ class Console:
             await run_in_threadpool(use_case)
         except UnknownRun as error:
             return self.problem(request, 404, str(error))
-        except (InvalidInput, DigestMismatch) as error:
+        except (InvalidInput, InvalidActor, DigestMismatch) as error:
             return self.problem(request, 422, str(error))
         except DomainError as error:
             return self.problem(request, 409, str(error))
@@ -247,7 +254,11 @@ class Console:
         form = await self.checked_form(request)
         name = str(form.get("name", "")).strip()
         if not _valid_name(name):
-            return self.problem(request, 422, "a name is 1 to 64 printable characters")
+            return self.problem(
+                request,
+                422,
+                "a name holds letters, digits, spaces and . _ - @ + : / ' ( ) , # & only",
+            )
         response = RedirectResponse("/?done=operator", status_code=303)
         response.set_cookie(
             OPERATOR_COOKIE, quote(name), httponly=True, samesite="strict", max_age=30 * 86400
@@ -294,7 +305,12 @@ def _raise(error: Exception) -> object:
 
 
 def _valid_name(name: str) -> bool:
-    return 0 < len(name) <= 64 and name.isprintable() and name.strip() == name
+    """An acceptable actor name (the same rule as `--by`, ADR 0021)."""
+    try:
+        check_actor(name)
+    except InvalidActor:
+        return False
+    return True
 
 
 def _ago(value: datetime | None, now: datetime | None = None) -> str:

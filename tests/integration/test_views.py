@@ -203,9 +203,9 @@ def test_snapshot__loading_a_long_run_replays_nothing(
     decoded = Counter[str]()
     real = codec.decode_event
 
-    def counting(topic: str, state: bytes) -> Any:
+    def counting(topic: str, state: bytes, **where: str) -> Any:
         decoded[topic] += 1
-        return real(topic, state)
+        return real(topic, state, **where)
 
     for module in (codec, postgres, sqlite):
         monkeypatch.setattr(module, "decode_event", counting)

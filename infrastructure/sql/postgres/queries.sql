@@ -329,6 +329,14 @@ ON CONFLICT (run_id) DO NOTHING;
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
 
+-- name: after_purge
+-- Deleted rows stay in the table files until VACUUM marks their space reusable; do it now
+-- for the tables a purge touches (plain VACUUM: writers are not blocked). It cannot run in a
+-- transaction, so it runs on an autocommit connection. Old row versions may also stay in
+-- the WAL and its archives; see README "Retention" for what an operator must do.
+VACUUM steptrail_events, steptrail_runs, steptrail_saved,
+    steptrail_view_run_summaries, steptrail_view_dead_letters;
+
 -- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
 -- run_id) < the last row of the previous page (the first page passes a key above every
 -- row), so a page costs the same at the millionth run as at the first. One query per

@@ -304,6 +304,11 @@ ON CONFLICT (run_id) DO NOTHING;
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
 
+-- name: after_purge
+-- Fold the WAL back into the database so deleted content leaves the WAL file too (the
+-- deleted pages themselves are overwritten by secure_delete).
+PRAGMA wal_checkpoint(TRUNCATE);
+
 -- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
 -- run_id) < the last row of the previous page (the first page passes a key above every
 -- row), so a page costs the same at the millionth run as at the first. One query per
