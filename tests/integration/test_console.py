@@ -328,3 +328,12 @@ def test_actions__never_redirect_off_the_console(rt: Runtime, target: str) -> No
     c = client(rt)
     r = c.post(f"/runs/{run_id}/cancel", data={"csrf": csrf(c), "next": target})
     assert (r.status_code, r.headers["location"]) == (303, f"/runs/{run_id}?done=cancel")
+
+
+def test_operator__a_name_outside_the_actor_rule_is_refused(rt: Runtime) -> None:
+    """The header name follows the `--by` rule: markup brackets are refused, nothing set."""
+    c = client(rt)
+    token = csrf(c)
+    r = c.post("/operator", data={"csrf": token, "name": "<b>boss</b>"})
+    assert r.status_code == 422
+    assert "steptrail_operator" not in r.headers.get("set-cookie", "")
