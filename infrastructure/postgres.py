@@ -258,7 +258,10 @@ class PostgresRunStore(ClaimsOne):
             return journal_from_rows(rows.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
-        with self._connection() as conn:
+        """Running runs whose lease expired, judged after every write already queued has
+        landed (ADR 0016): a renewal that waited on a lock is not mistaken for a dead worker."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_for_reaper"])
             rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
             return [run_from_row(r) for r in rows]
 
@@ -302,6 +305,15 @@ class PostgresRunStore(ClaimsOne):
         """Every event of every run, run by run, streamed with a server-side cursor."""
         with self._connection() as conn, conn.transaction():
             yield from self._log(conn)
+
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one REPEATABLE READ
+        snapshot, so writers in between cannot look like drift."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["snapshot_for_verify"])
+            live = [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
+            rebuilt = list(rebuild_rows(self._log(conn)))
+        return live, rebuilt
 
     def _log(self, conn: psycopg.Connection[DictRow]) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur = conn.cursor(name="steptrail_log")
@@ -361,6 +373,13 @@ class PostgresRunStore(ClaimsOne):
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
         row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
         return int(row["n"]) if row is not None else 0
+
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._connection() as conn:
+            rows = conn.execute(
+                self.q["select_live_purgeable"], {"statuses": list(statuses), "cutoff": cutoff}
+            )
+            return [r["run_id"] for r in rows]
 
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int

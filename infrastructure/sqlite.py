@@ -47,6 +47,10 @@ from steptrail.infrastructure.store_base import (
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
+# How long a writer waits for another process's turn on the database before it gives up as
+# on any store error (its segment retries, then fences itself). Short against a lease: a
+# stopped process holding the turn must not freeze every writer with it (ADR 0016).
+HANDOVER_TIMEOUT_SECONDS = 5.0
 STATEMENT_CACHE = 64  # prepared statements kept per connection
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -172,6 +176,70 @@ def _configure(conn: object, cur: sqlite3.Cursor) -> None:
     conn._steptrail_configured = True  # type: ignore[attr-defined]
 
 
+class _Handover:
+    """The flock that hands the database from one writing process to the next, bounded.
+
+    Uncontended, it is one non-blocking flock call. Contended, one helper thread per store
+    waits in the kernel (so the lock passes the moment it is free, with no polling) while the
+    writer waits for it at most `timeout`; a writer that gives up raises StoreUnavailable, and
+    a lock the helper gets with nobody left waiting is let go at once. One helper at most, so
+    a process stopped while holding the lock costs one blocked thread, not one per attempt.
+    """
+
+    def __init__(self, fd: int, timeout: float) -> None:
+        self.fd = fd
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._helper_waiting = False  # a helper thread is blocked in flock
+        self._granted = False  # the helper holds the lock for a writer to take
+        self._writers = 0  # writers waiting on the helper
+
+    def acquire(self) -> None:
+        # Writers of this process reach this one at a time (the pool's writer lock), which
+        # matters: flock is per open file, so a second thread of ours would not be kept out.
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            if not self._helper_waiting:
+                # No helper is blocked in flock (it would get the lock we take here and
+                # hand it on): the fast path is safe.
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass
+                else:
+                    return
+                self._helper_waiting = True
+                threading.Thread(
+                    target=self._wait, name="steptrail-sqlite-handover", daemon=True
+                ).start()
+            self._writers += 1
+            try:
+                while not self._granted:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StoreUnavailable(
+                            "another process has held the SQLite write lock for over "
+                            f"{self.timeout:g} s (stopped or stuck?)"
+                        )
+                    self._cond.wait(remaining)
+                self._granted = False  # ours now
+            finally:
+                self._writers -= 1
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _wait(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        with self._cond:
+            self._helper_waiting = False
+            if self._writers == 0:  # everybody gave up meanwhile: pass it on
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                return
+            self._granted = True
+            self._cond.notify()
+
+
 def _cache_statements(pool: SQLiteConnectionPool) -> None:
     """Make the pool's new connections keep their prepared statements.
 
@@ -225,7 +293,13 @@ class SQLiteRunStore(ClaimsOne):
 
     backend = "sqlite"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        handover_timeout: float = HANDOVER_TIMEOUT_SECONDS,
+    ) -> None:
         self.url = url
         target = target_from_url(url)
         self.db_name = target.db_name
@@ -244,6 +318,8 @@ class SQLiteRunStore(ClaimsOne):
         # database (a read-only mount, ?mode=ro) must serve every read (ADR 0021).
         self._lock_fd: int | None = None
         self._lock_open = threading.Lock()
+        self._handover: _Handover | None = None
+        self._handover_timeout = handover_timeout
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -307,6 +383,7 @@ class SQLiteRunStore(ClaimsOne):
                     )
                 except OSError as e:
                     raise ReadOnlyStore(f"cannot write to {self.path}: {e.strerror or e}") from e
+                self._handover = _Handover(self._lock_fd, self._handover_timeout)
             return self._lock_fd
 
     @contextmanager
@@ -315,15 +392,16 @@ class SQLiteRunStore(ClaimsOne):
             raise ReadOnlyStore(
                 f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
             )
-        fd = self._writer_lock()
-        if fd is None:
+        if self._writer_lock() is None:
             yield
             return
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        handover = self._handover
+        assert handover is not None
+        handover.acquire()
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            handover.release()
 
     def close(self) -> None:
         with self._lock_open:
@@ -409,9 +487,9 @@ class SQLiteRunStore(ClaimsOne):
         events = self._event_params(run, 0)
         params = self._params(run, 0)
         drop, _ = side_effects(run.state)
-        run_hex = run.id.hex
         # Positional, not named: this statement runs with every step, and binding by name
         # costs a lookup per column.
+        run_hex = run.id.hex
         journal = [
             (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
             for r in journal_rows(run)
@@ -505,8 +583,10 @@ class SQLiteRunStore(ClaimsOne):
             return journal_from_rows(cur.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
-        with self._read() as cur:
-            cur.execute(self.q["select_stale"], {"now": now_us(), "limit": limit})
+        """Running runs whose lease expired, read inside the write lock so that a renewal
+        that got the lock first is seen (ADR 0016)."""
+        with self._write() as (cur, at):
+            cur.execute(self.q["select_stale"], {"now": at, "limit": limit})
             return [run_from_row(r) for r in cur.fetchall()]
 
     def history(self, run_id: UUID) -> list[RecordedEvent]:
@@ -551,6 +631,19 @@ class SQLiteRunStore(ClaimsOne):
     def iter_log(self) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         with self._read() as cur:
             yield from self._log(cur)
+
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one read
+        transaction (one WAL snapshot), so writers in between cannot look like drift."""
+        with self._read() as cur:
+            cur.execute("BEGIN")
+            try:
+                cur.execute(self.q["select_all_runs"])
+                live = [_index_row(r) for r in cur.fetchall()]
+                rebuilt = list(rebuild_rows(self._log(cur)))
+            finally:
+                cur.execute("COMMIT")
+        return live, rebuilt
 
     def _log(self, cur: sqlite3.Cursor) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur.execute(self.q["select_log"])
@@ -603,9 +696,18 @@ class SQLiteRunStore(ClaimsOne):
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
         row = self._one(
-            "count_purgeable", {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff)}
+            "count_purgeable",
+            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": now_us()},
         )
         return int(row["n"]) if row is not None else 0
+
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._read() as cur:
+            cur.execute(
+                self.q["select_live_purgeable"],
+                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": now_us()},
+            )
+            return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
@@ -615,7 +717,12 @@ class SQLiteRunStore(ClaimsOne):
         with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
-                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "limit": limit},
+                {
+                    "statuses": json.dumps(list(statuses)),
+                    "cutoff": to_us(cutoff),
+                    "limit": limit,
+                    "now": at,
+                },
             )
             ids = [UUID(r["run_id"]) for r in cur.fetchall()]
             if ids:

@@ -13,10 +13,14 @@ with steptrail.open(app) as rt:          # sqlite:///steptrail.db unless configu
     run_id = rt.enqueue("summarise", {"text": "..."})
     rt.work(burst=True)
     print(rt.get(run_id).status)
+
+Async agents (`async def`, with an `AsyncRunContext` whose steps are awaited) run on the
+worker's event loop; from async code, `async with steptrail.open_async(app) as rt:`.
 """
 
 from __future__ import annotations
 
+from steptrail.async_runtime import AsyncRuntime, open_async
 from steptrail.domain.classifier import (
     ClassifiedError,
     FallbackChainExhausted,
@@ -43,7 +47,9 @@ from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import InvalidRequest, RetryReport, Runtime, open_runtime
+from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
+    AwaitableInSyncStep,
     Recorded,
     Resumption,
     RunContext,
@@ -51,7 +57,7 @@ from steptrail.workers.context import (
     RunTimedOut,
     StepTimedOut,
 )
-from steptrail.workers.execute import SegmentResult
+from steptrail.workers.execute import AwaitableAgent, LoopAlreadyRunning, SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.segment import LeaseLost
@@ -60,6 +66,10 @@ open = open_runtime
 
 __all__ = [
     "App",
+    "AsyncRunContext",
+    "AsyncRuntime",
+    "AwaitableAgent",
+    "AwaitableInSyncStep",
     "ClassifiedError",
     "DigestMismatch",
     "Effect",
@@ -70,6 +80,7 @@ __all__ = [
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "LoopAlreadyRunning",
     "NonDeterministic",
     "Outcome",
     "PendingWrite",
@@ -94,5 +105,6 @@ __all__ = [
     "UnknownAgent",
     "UnknownRun",
     "open",
+    "open_async",
     "open_runtime",
 ]

@@ -88,6 +88,11 @@ class RunsCollector(Collector):
                 value=age,
             ),
             GaugeMetricFamily(
+                "steptrail_view_failed_batches",
+                "Reporting-view batches that failed in a row (0: the views are keeping up).",
+                value=views.runner().failures,
+            ),
+            GaugeMetricFamily(
                 "steptrail_stale_leases",
                 "Running runs whose lease expired and that the reaper has not handled yet.",
                 value=health.stale_leases,

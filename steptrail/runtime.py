@@ -7,7 +7,9 @@ cancel, retry, get, history. The CLI and the console both act through them.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,6 +42,7 @@ from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
 from steptrail.workers.registry import App
 from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
+from steptrail.workers.store_threads import StoreThreads
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
@@ -74,12 +77,14 @@ class Runtime:
         self.store = store
         self.log = log or steptrail_logger()
         self._keeper: LeaseKeeper | None = None
+        self.threads = StoreThreads()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._keeper is not None:
             self._keeper.close()
+        self.threads.close()
         self.store.close()
 
     def __enter__(self) -> Runtime:
@@ -147,6 +152,15 @@ class Runtime:
         """Run `agent` now, in this process, as an interactive run under an
         `interactive:` lease. It heartbeats like a worker; it is never retried, and if this
         process dies the reaper dead-letters it (it has no saved request to run again)."""
+        run, body, sent = self.begin_interactive(agent, request)
+        return self._executor().execute(run, body, lease_from=sent)
+
+    def begin_interactive(
+        self, agent: str, request: Mapping[str, Any] | None
+    ) -> tuple[Run, dict[str, Any], float]:
+        """Record an interactive run's start, held by this process; returns it, its request
+        and when its lease was sent (`time.monotonic()`), ready to execute (`start` does;
+        the async runtime awaits it)."""
         body = self._request_body(agent, request)
         run = Run.start(
             run_id=uuid4(),
@@ -155,8 +169,10 @@ class Runtime:
             holder=holder_name("interactive"),
             lease_ms=self.settings.lease_ms,
         )
+        sent = time.monotonic()  # the lease is counted from here (ADR 0016)
         self.store.create(run, request=None)
-        return self._executor().execute(run, json.loads(body))
+        value: dict[str, Any] = json.loads(body)
+        return run, value, sent
 
     def worker(
         self,
@@ -164,8 +180,12 @@ class Runtime:
         concurrency: int = 1,
         burst: bool = False,
         on_result: Callable[[SegmentResult], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Worker:
-        """A worker over this runtime's store and agents (call `.run()`, `.stop()`)."""
+        """A worker over this runtime's store and agents (call `.run()`, `.stop()`).
+
+        Runs of async agents share one event loop: `loop` if given (it must be running in
+        another thread), else one the worker starts for them."""
         return Worker(
             self.store,
             self.app,
@@ -175,6 +195,7 @@ class Runtime:
             poll_interval=self.settings.poll_interval,
             log=self.log,
             on_result=on_result,
+            loop=loop,
         )
 
     def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
@@ -492,11 +513,20 @@ class Runtime:
             raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
         return body
 
+    def executor(self) -> Executor:
+        """The executor of segments this process runs itself (start, resume `here`)."""
+        return self._executor()
+
     def _executor(self) -> Executor:
         if self._keeper is None:
             self._keeper = LeaseKeeper(self.settings.lease_seconds)
         return Executor(
-            self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
+            self.store,
+            self.app,
+            self.execution_config(),
+            keeper=self._keeper,
+            log=self.log,
+            threads=self.threads,
         )
 
 

@@ -34,7 +34,6 @@ from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import Outcome, WaitKind
 from steptrail.domain.errors import (
     DigestMismatch,
-    DomainError,
     IllegalTransition,
     UnknownRun,
     VersionConflict,
@@ -43,7 +42,12 @@ from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
 from steptrail.domain.schemas import validate_input
-from steptrail.workers.execute import Executor, SegmentResult, decode_request
+from steptrail.workers.execute import (
+    CorruptResumableState,
+    Executor,
+    SegmentResult,
+    decode_request,
+)
 from steptrail.workers.worker import holder_name
 
 ResumeMode = Literal["auto", "here", "queue"]
@@ -51,10 +55,6 @@ ResumeMode = Literal["auto", "here", "queue"]
 
 class AlreadyResuming(IllegalTransition):
     """Somebody else decided this run first; it is already resuming."""
-
-
-class CorruptResumableState(DomainError):
-    """The saved resumable state is unreadable or does not match what the run waits on."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,16 @@ class PendingDecision:
     calls: list[PendingCall]
     input_schema: dict[str, Any] | None
     prompt: str | None
+
+
+@dataclass(frozen=True)
+class ResumeHere:
+    """A run this process holds under a fresh `resume:` lease, ready to be executed."""
+
+    run: Run
+    request: dict[str, Any]
+    resumable: dict[str, Any]
+    lease_from: float | None = None  # when the resuming append was sent (ADR 0016)
 
 
 class Decisions:
@@ -125,6 +135,38 @@ class Decisions:
             DigestMismatch; InvalidInput (also for input too deep or too large);
             InvalidActor; CorruptResumableState.
         """
+        handed = self.record(
+            run_id,
+            by=by,
+            kind=kind,
+            approved=approved,
+            digest=digest,
+            values=values,
+            resume=resume,
+        )
+        if isinstance(handed, SegmentResult):
+            return handed
+        return self.executor().execute(
+            handed.run, handed.request, resumable=handed.resumable, lease_from=handed.lease_from
+        )
+
+    def record(
+        self,
+        run_id: UUID,
+        *,
+        by: str,
+        kind: WaitKind,
+        approved: bool,
+        digest: str | None = None,
+        values: Mapping[str, Any] | None = None,
+        resume: ResumeMode = "auto",
+    ) -> SegmentResult | ResumeHere:
+        """Record a decision and hand the run on: to the queue (a `requeued`-style result
+        whose status is `queued`) or to this process (`ResumeHere`: the caller executes the
+        resumed segment, in a thread or, for an async agent, on its loop).
+
+        Raises: as `decide`.
+        """
         check_actor(by)
         if values is not None:
             check_input_bounds(values, self.max_input_bytes)
@@ -157,6 +199,7 @@ class Decisions:
             run.resume(holder=holder, lease_ms=self.lease_ms)
         else:
             run.release(actor=by)
+        sent = time.monotonic()  # the resumed lease is counted from here (ADR 0016)
         try:
             self.store.append(run, resumable=new_body)
         except VersionConflict:
@@ -168,7 +211,7 @@ class Decisions:
         if mode == "queue":
             return SegmentResult(run.id, Outcome.REQUEUED, run.status, run.version)
         request = decode_request(self.store.saved(run_id, "request") or b"")
-        return self.executor().execute(run, request, resumable=saved.model_dump(mode="json"))
+        return ResumeHere(run, request, saved.model_dump(mode="json"), lease_from=sent)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -6,8 +6,9 @@ database; `steptrail --app module:attr` loads it and the runtime wires it to a s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -16,10 +17,13 @@ from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
 
 if TYPE_CHECKING:
+    from steptrail.workers.async_context import AsyncRunContext
     from steptrail.workers.context import RunContext
 
 AgentResult = Mapping[str, Any] | None
-AgentFn = Callable[["RunContext", dict[str, Any]], AgentResult]
+SyncAgentFn = Callable[["RunContext", dict[str, Any]], AgentResult]
+AsyncAgentFn = Callable[["AsyncRunContext", dict[str, Any]], Awaitable[AgentResult]]
+AgentFn = SyncAgentFn | AsyncAgentFn
 F = TypeVar("F", bound=AgentFn)
 
 
@@ -39,6 +43,20 @@ class AgentSpec:
     request_model: type[BaseModel] | None = None
     step_timeout: float | None = None
     max_duration: float | None = None
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", is_async_callable(self.fn))
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling `fn` gives a coroutine: an `async def` function, a partial of one,
+    or an object whose `__call__` is one. (A plain function that happens to return an
+    awaitable is caught when it runs: the executor refuses to settle it.)"""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - the bound method, not callable()
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
 
 
 class App:
@@ -49,6 +67,9 @@ class App:
 
         @app.agent("summarise")
         def summarise(ctx, request): ...
+
+        @app.agent("research")               # async agents get an AsyncRunContext
+        async def research(ctx, request): ...
 
         app.tool("send_email", effect="non_idempotent_write")
         app.classify(MyProviderTimeout, "connection")

@@ -39,7 +39,7 @@ from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
 from steptrail.render import inert
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
-from steptrail.workers.decisions import CorruptResumableState
+from steptrail.workers.execute import CorruptResumableState
 from steptrail.workers.registry import App, UnknownAgent
 
 cli = typer.Typer(

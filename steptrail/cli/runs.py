@@ -77,7 +77,16 @@ def work(
     ctx: typer.Context,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", "-c", min=1, max=256, help="Runs executed at once."),
+        typer.Option(
+            "--concurrency",
+            "-c",
+            min=1,
+            # Bounded like every option (ADR 0021), but high enough for async agents, whose
+            # in-flight runs are tasks on one loop rather than threads (ADR 0023).
+            max=10_000,
+            help="Runs executed at once (at most 10,000): a thread each for sync agents, a "
+            "task on the worker's one event loop for async agents.",
+        ),
     ] = 1,
     burst: Annotated[
         bool,

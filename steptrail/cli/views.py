@@ -7,6 +7,7 @@ import threading
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from steptrail.cli.app import (
@@ -21,6 +22,7 @@ from steptrail.cli.app import (
     stop_on_signals,
 )
 from steptrail.cli.runs import MAX_EVERY_S, MAX_LIMIT
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.factory import ReadOnlyStore
 from steptrail.infrastructure.settings import MAX_DAYS
 from steptrail.render import add_row, event_dict, inert, trail_table
@@ -44,9 +46,15 @@ def stats(
     """Counts by agent and status, and by reason; the oldest queued run's age and the number
     of expired leases (from the live run index)."""
     with runtime(ctx) as rt:
-        refresh_views(rt)
+        try:
+            refresh_views(rt)
+        except StoreUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - a poison batch: show the rest, and say so
+            rt.projector().failed(error, 1)
         views = rt.views
         counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
+        runner = views.runner()
     oldest = (
         (health.now - health.oldest_queued_at).total_seconds()
         if health.oldest_queued_at is not None
@@ -63,6 +71,11 @@ def stats(
                 ],
                 "oldest_queued_age_seconds": oldest,
                 "stale_leases": health.stale_leases,
+                "views": {
+                    "position": list(runner.position),
+                    "failed_batches": runner.failures,
+                    "last_error": runner.last_error,
+                },
             }
         )
         return
@@ -80,6 +93,13 @@ def stats(
     out.print(by_reason)
     out.print(f"oldest queued run: {f'{oldest:.1f} s' if oldest is not None else 'none queued'}")
     out.print(f"expired leases (stale runs awaiting the reaper): {health.stale_leases}")
+    if runner.failures:
+        out.print(
+            f"[red]views stuck[/red]: {runner.failures} batch(es) failed in a row at position "
+            f"{runner.position}; last error: {escape(runner.last_error or '')}",
+            markup=True,
+            highlight=False,
+        )
 
 
 @cli.command("dead-letters")

@@ -302,6 +302,35 @@ def test_metrics__prometheus_text_from_the_views(db_url: str) -> None:
     assert float(age.split()[1]) >= 0.0
 
 
+def test_demo__async_and_pydantic_ai_agents_and_runs_without_the_extra(tmp_path: Path) -> None:
+    """The demo runs its async agent and (with the extra) the pydantic-ai agent, whose report
+    call it approves; with pydantic-ai unimportable it still finishes and says how to add it."""
+    import subprocess
+    import sys
+
+    from tests.acceptance.helpers import REPO, env_for
+
+    with_extra = steptrail("demo", url=f"sqlite:///{tmp_path / 'a.db'}", timeout=120)
+    assert with_extra.returncode == 0, with_extra.stderr
+    assert "approved the pending send_report call" in with_extra.stdout
+    blocked = (
+        "import sys; sys.modules['pydantic_ai'] = None; "
+        "from steptrail.cli import main; sys.argv = ['steptrail', 'demo']; main()"
+    )
+    without = subprocess.run(
+        [sys.executable, "-c", blocked],
+        cwd=REPO,
+        env=env_for(f"sqlite:///{tmp_path / 'b.db'}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert without.returncode == 0, without.stderr
+    assert "pip install 'steptrail[pydantic-ai]'" in without.stdout
+    assert "completed" in without.stdout
+
+
 def test_retry__dead_letter_back_on_the_queue_and_refusals(db_url: str) -> None:
     """`retry` requeues a dead letter (recorded with --by); a second retry and a bare call
     are refused with clear errors; bulk retry by agent reports what it did."""

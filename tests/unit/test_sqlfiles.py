@@ -29,11 +29,10 @@ def test_queries__same_names_on_both_backends() -> None:
     assert lite - pg == set(BACKEND_ONLY) & lite
 
 
-def test_migrations__numbered_alike_and_increasing() -> None:
-    """Both backends have the same migrations, numbered upward from 1 without repeats.
-
-    Numbers are reserved per piece of work in parallel branches, so a branch may hold 0009
-    before 0005 has landed; the migrator applies whatever is missing, in number order."""
+def test_migrations__numbered_alike_and_in_order() -> None:
+    """Both backends have the same migrations, numbered from 1 upwards, each number once.
+    Numbers are reserved per change, so one may be missing until its change lands; a
+    database applies whatever numbers it has not applied yet."""
     pg = [(n, name) for n, name, _ in migrations("postgres")]
     lite = [(n, name) for n, name, _ in migrations("sqlite")]
     assert pg == lite
