@@ -38,6 +38,7 @@ from steptrail.infrastructure.store_base import (
     encoded_events,
     journal_from_rows,
     journal_rows,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
@@ -185,13 +186,22 @@ class PostgresRunStore(ClaimsOne):
             return
         params = self.append_params(run, resumable=resumable)
         with self._connection() as conn:
-            conn.execute(self.q["append"], params, prepare=True)
+            if not (run.state.status.is_terminal and keeps_request(run.state)):
+                conn.execute(self.q["append"], params, prepare=True)
+            else:
+                # A failed settle (rare): the append with drop_saved off, then everything
+                # saved but the request, and the journal, in one transaction. Kept out of
+                # steptrail_append so that its one-round-trip hot path stays as it is.
+                with conn.transaction():
+                    conn.execute(self.q["append"], params, prepare=True)
+                    conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
 
     def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
         """The parameters of the `append` query for `run`'s pending events and journal."""
         events = encoded_events(run)
         drop, notify = side_effects(run.state)
+        keep = drop and keeps_request(run.state)  # see `append`
         journal = journal_rows(run)
         return {
             **self._params(run),
@@ -200,7 +210,7 @@ class PostgresRunStore(ClaimsOne):
             "topics": [t for _, t, _ in events],
             "states": [s for _, _, s in events],
             "resumable": resumable,
-            "drop_saved": drop,
+            "drop_saved": drop and not keep,
             "notify": notify,
             "j_seqs": [j["seq"] for j in journal],
             "j_positions": [j["position"] for j in journal],
@@ -280,6 +290,15 @@ class PostgresRunStore(ClaimsOne):
         params = {"status": status, "agent": agent, "reason": reason, "limit": limit}
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_runs"], params)]
+
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": since, "limit": limit}
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_failed_runs"], params)
+            return [r["run_id"] for r in rows]
 
     def all_rows(self) -> list[RunRow]:
         with self._connection() as conn:

@@ -39,6 +39,7 @@ from steptrail.infrastructure.store_base import (
     encoded_events,
     journal_from_rows,
     journal_rows,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
@@ -511,7 +512,8 @@ class SQLiteRunStore(ClaimsOne):
                     {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
+                name = "drop_saved_but_request" if keeps_request(run.state) else "drop_saved"
+                cur.execute(self.q[name], {"run_id": run.id.hex})
                 cur.execute(self.q["drop_journal"], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
@@ -613,6 +615,15 @@ class SQLiteRunStore(ClaimsOne):
         with self._read() as cur:
             cur.execute(self.q["select_runs"], params)
             return [_index_row(r) for r in cur.fetchall()]
+
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": to_us(since), "limit": limit}
+        with self._read() as cur:
+            cur.execute(self.q["select_failed_runs"], params)
+            return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def all_rows(self) -> list[RunRow]:
         with self._read() as cur:

@@ -38,6 +38,7 @@ from steptrail.domain.errors import (
     DigestMismatch,
     IllegalTransition,
     InvalidInput,
+    PendingWrite,
     StoreUnavailable,
     UnknownRun,
 )
@@ -53,7 +54,7 @@ from steptrail.projections.custom import (
     Tracking,
 )
 from steptrail.projections.run_index import RunRow
-from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.runtime import InvalidRequest, RetryReport, Runtime, open_runtime
 from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
     AwaitableInSyncStep,
@@ -92,6 +93,7 @@ __all__ = [
     "LoopAlreadyRunning",
     "NonDeterministic",
     "Outcome",
+    "PendingWrite",
     "PrivacyLevel",
     "Projection",
     "ProjectionFailed",
@@ -100,6 +102,7 @@ __all__ = [
     "RecordedEvent",
     "ReplayedError",
     "Resumption",
+    "RetryReport",
     "RunContext",
     "RunFailed",
     "RunRow",

@@ -10,6 +10,7 @@ Two workers and a reaper then drive everything to an end.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from uuid import UUID
@@ -106,7 +107,18 @@ def run_demo(rt: Runtime, console: Console, *, plain_runs: int = 6) -> list[UUID
     print_run(console, rt.get(ghost), rt.history(ghost))
     console.print(f"try: steptrail show {retried}   (the retried run)")
     console.print(f"     steptrail show {asks}   (the approved run)")
+    console.print(console_hint(rt.settings.database_url))
     return ids
+
+
+def console_hint(database_url: str) -> str:
+    """How to watch these runs in the operator console (the demo's last words)."""
+    shown = re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", database_url)  # never echo a password
+    where = "" if database_url == "sqlite:///steptrail.db" else f" --database-url {shown}"
+    return (
+        f"watch them in the console: steptrail{where} console   then open "
+        "http://127.0.0.1:8765/   (needs: pip install 'steptrail[console]')"
+    )
 
 
 def _enqueue_demo_agents(rt: Runtime, console: Console) -> list[UUID]:

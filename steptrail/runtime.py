@@ -2,7 +2,7 @@
 
 Nothing connects at import time; `open()` does, and `Runtime.close()` (or a `with` block)
 lets go. Use cases are named the way an operator asks for them: enqueue, start, work, reap,
-cancel, get, history.
+cancel, retry, get, history. The CLI and the console both act through them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 from uuid import UUID, uuid4
@@ -24,7 +26,7 @@ from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
 from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run, RunState, fold
+from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.feed import FeedEntry, read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
@@ -52,6 +54,14 @@ from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
+
+
+@dataclass
+class RetryReport:
+    """What a bulk retry did: the runs put back on the queue, and those refused (with why)."""
+
+    retried: list[UUID] = field(default_factory=list)
+    refused: list[tuple[UUID, str]] = field(default_factory=list)
 
 
 class InvalidRequest(ValueError):
@@ -231,6 +241,81 @@ class Runtime:
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def retry(
+        self, run_id: UUID, *, by: str, reset_budget: bool = False, force: bool = False
+    ) -> RunRow:
+        """Put a failed run (dead-lettered or not) back on the queue, recorded as
+        `Run.Retried` with `by`. Its requeue budget carries on unless `reset_budget`. It
+        re-runs from its saved request (kept for failed runs until purge, ADR 0025), from
+        the top: its step journal went when it settled.
+
+        Raises:
+            UnknownRun: no such run.
+            PendingWrite: a non-idempotent write may have happened, or was done and would
+                run again (pass `force`).
+            IllegalTransition: the run is not failed, or has no saved request.
+            InvalidActor: `by` is not an acceptable actor name.
+        """
+        check_actor(by)
+        for _ in range(CANCEL_ATTEMPTS):
+            run = self.store.load(run_id)
+            if run is None:
+                raise self._unknown(run_id)
+            if run.status is RunStatus.FAILED and self.store.saved(run_id, "request") is None:
+                raise IllegalTransition(
+                    f"run {run_id} has no saved request to run again (it was started "
+                    "interactively, or it failed before failed runs kept their request); "
+                    "enqueue a new run instead"
+                )
+            done = writes_done(e.event for e in self.store.history(run_id))
+            run.retry(actor=by, reset_budget=reset_budget, force=force, rerun_writes=done)
+            try:
+                self.store.append(run)
+            except VersionConflict:
+                continue  # another operator retried it (or purge took it); look again
+            self.log.info(
+                "run_retried",
+                run_id=str(run_id),
+                by=by,
+                version=run.version,
+                reset_budget=reset_budget,
+                forced=force,
+            )
+            return self.get(run_id)
+        raise IllegalTransition(f"run {run_id} kept changing; retry did not land")
+
+    def retry_many(
+        self,
+        *,
+        by: str,
+        since: datetime,
+        agent: str | None = None,
+        reason: TerminationReason | str | None = None,
+        reset_budget: bool = False,
+        force: bool = False,
+        limit: int = 1000,
+    ) -> RetryReport:
+        """Retry every failed run of `agent` ended for `reason` since `since` (at most
+        `limit`, oldest first). A run that cannot be retried is reported, not raised."""
+        if limit < 1:
+            raise ValueError("limit must be a positive integer")
+        check_actor(by)
+        ids = self.store.failed_ids(
+            agent=agent,
+            reason=TerminationReason(reason).value if reason else None,
+            since=since,
+            limit=limit,
+        )
+        report = RetryReport()
+        for run_id in ids:
+            try:
+                self.retry(run_id, by=by, reset_budget=reset_budget, force=force)
+            except (IllegalTransition, UnknownRun) as error:
+                report.refused.append((run_id, str(error)))
+            else:
+                report.retried.append(run_id)
+        return report
 
     # -- people in the loop --------------------------------------------------------------------
 

@@ -369,3 +369,65 @@ def metrics(
         stop.wait()
         server.shutdown()
         thread.join(timeout=5)
+
+
+@cli.command()
+def console(
+    ctx: typer.Context,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to listen on. Anything but loopback needs STEPTRAIL_CONSOLE_TOKEN, "
+            "and every request must then carry it.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8765,
+    read_only: Annotated[
+        bool, typer.Option("--read-only", help="Hide and refuse every action.")
+    ] = False,
+    operator: Annotated[
+        str | None,
+        typer.Option(
+            "--operator",
+            help="Name actions are recorded under until a person sets theirs on the page "
+            "(default: console:<your login>).",
+        ),
+    ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", min=1.0, metavar="SECONDS", help="Live refresh period.")
+    ] = 5.0,
+) -> None:
+    """Serve the operator console: runs, a run's trail, the inbox, dead letters and an
+    overview, read from the reporting views and the log; actions (cancel, retry, approve,
+    deny, input) go through the same use cases as these commands, recorded with the
+    operator's name. Needs `pip install 'steptrail[console]'`."""
+    import getpass
+    import os
+
+    try:
+        from steptrail.console import TOKEN_ENV, ConsoleConfig, ConsoleRefused, check_bind, serve
+    except ImportError as error:
+        fail(f"the console needs its extra: pip install 'steptrail[console]' ({error})", 2)
+    token = os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind(host, token)
+    except ConsoleRefused as error:
+        fail(str(error), 2)
+    config = ConsoleConfig(
+        host=host,
+        port=port,
+        read_only=read_only,
+        token=token,
+        operator=operator or f"console:{getpass.getuser()}",
+        poll_seconds=poll,
+    )
+    with runtime(ctx) as rt:
+        where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+        err.print(
+            f"steptrail console on {where}"
+            + (" (send the token: open it with ?token=…)" if token else "")
+            + (" read-only" if read_only else ""),
+            highlight=False,
+        )
+        serve(rt, config)

@@ -75,6 +75,14 @@ SELECT steptrail_append(
     %(j_names)s::text[], %(j_fingerprints)s::text[], %(j_outcomes)s::bytea[]
 );
 
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
+-- its append passes drop_saved = false and runs this in the same transaction instead, which
+-- drops what steptrail_append's drop_saved would have dropped but the request (the journal
+-- goes too, as with any settle; ADR 0013).
+WITH journal AS (DELETE FROM steptrail_journal WHERE run_id = %(run_id)s)
+DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
+
 
 
 -- name: claim
@@ -175,6 +183,17 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
 ORDER BY created_at DESC, run_id
+LIMIT %(limit)s;
+
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs
+WHERE status = 'failed'
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+  AND updated_at >= %(since)s
+ORDER BY updated_at, run_id
 LIMIT %(limit)s;
 
 -- name: select_all_runs
@@ -437,3 +456,77 @@ SELECT tx_id, notification_id FROM steptrail_events
 WHERE originator_id = %(run_id)s
 ORDER BY originator_version DESC
 LIMIT 1;
+-- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
+-- run_id) < the last row of the previous page (the first page passes a key above every
+-- row), so a page costs the same at the millionth run as at the first. One query per
+-- filter that drives the index walk; the other filters are checked on the rows walked.
+
+-- name: runs_page_all
+SELECT * FROM steptrail_view_run_summaries
+WHERE (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_status
+SELECT * FROM steptrail_view_run_summaries
+WHERE status = %(status)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_agent
+SELECT * FROM steptrail_view_run_summaries
+WHERE agent = %(agent)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_agent_status
+SELECT * FROM steptrail_view_run_summaries
+WHERE agent = %(agent)s AND status = %(status)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_reason
+SELECT * FROM steptrail_view_run_summaries
+WHERE reason = %(reason)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: dead_letters_open
+-- The console's dead letters: those still failed (a retried run leaves this list; its row
+-- in the view stays, as the record that it was dead-lettered once).
+SELECT d.* FROM steptrail_view_dead_letters AS d
+JOIN steptrail_view_run_summaries AS s ON s.run_id = d.run_id AND s.status = 'failed'
+WHERE (%(agent)s::text IS NULL OR d.agent = %(agent)s)
+ORDER BY d.dead_lettered_at DESC, d.run_id
+LIMIT %(limit)s;
+
+-- name: throughput_by_minute
+-- Runs that ended per minute and status since %(since)s, for the overview chart.
+SELECT floor(extract(epoch FROM ended_at) / 60)::bigint AS minute, status, count(*) AS n
+FROM steptrail_view_run_summaries
+WHERE ended_at IS NOT NULL AND ended_at >= %(since)s
+GROUP BY minute, status
+ORDER BY minute;
+
+-- name: recent_step_durations
+-- The newest step records of the log, for the step-duration percentiles: a bounded walk
+-- back along the notification id, whatever the log's size.
+SELECT recorded_at, state FROM steptrail_events
+WHERE topic = 'steptrail.Run.StepRecorded'
+ORDER BY notification_id DESC
+LIMIT %(limit)s;

@@ -69,6 +69,11 @@ ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 -- name: drop_saved
 DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025);
+-- everything else it saved goes, as with any settle.
+DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
+
 -- name: insert_journal
 -- SQLite only: part of an append, like insert_events (PostgreSQL: steptrail_append).
 -- Positional parameters (in this column order): it runs with every step.
@@ -149,6 +154,17 @@ WHERE (:status IS NULL OR status = :status)
   AND (:agent IS NULL OR agent = :agent)
   AND (:reason IS NULL OR reason = :reason)
 ORDER BY created_at DESC, run_id
+LIMIT :limit;
+
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_idx
+WHERE status = 'failed'
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+  AND updated_at >= :since
+ORDER BY updated_at, run_id
 LIMIT :limit;
 
 -- name: select_all_runs
@@ -373,3 +389,78 @@ SELECT 0 AS tx_id, notification_id FROM steptrail_events
 WHERE originator_id = :run_id
 ORDER BY originator_version DESC
 LIMIT 1;
+-- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
+-- run_id) < the last row of the previous page (the first page passes a key above every
+-- row), so a page costs the same at the millionth run as at the first. One query per
+-- filter that drives the index walk; the other filters are checked on the rows walked.
+-- SQLite: INDEXED BY, because it keeps no statistics and might sort instead.
+
+-- name: runs_page_all
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_created_idx
+WHERE (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:status IS NULL OR status = :status)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_status
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_status_created_idx
+WHERE status = :status AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_agent
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_agent_created_idx
+WHERE agent = :agent AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:status IS NULL OR status = :status)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_agent_status
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_agent_status_created_idx
+WHERE agent = :agent AND status = :status AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_reason
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_reason_created_idx
+WHERE reason = :reason AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:status IS NULL OR status = :status)
+  AND (:agent IS NULL OR agent = :agent)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: dead_letters_open
+-- The console's dead letters: those still failed (a retried run leaves this list; its row
+-- in the view stays, as the record that it was dead-lettered once).
+SELECT d.* FROM steptrail_view_dead_letters AS d
+JOIN steptrail_view_run_summaries AS s ON s.run_id = d.run_id AND s.status = 'failed'
+WHERE (:agent IS NULL OR d.agent = :agent)
+ORDER BY d.dead_lettered_at DESC, d.run_id
+LIMIT :limit;
+
+-- name: throughput_by_minute
+-- Runs that ended per minute and status since :since (microseconds), for the overview chart.
+SELECT ended_at / 60000000 AS minute, status, count(*) AS n
+FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_ended_idx
+WHERE ended_at IS NOT NULL AND ended_at >= :since
+GROUP BY minute, status
+ORDER BY minute;
+
+-- name: recent_step_durations
+-- The newest step records of the log, for the step-duration percentiles: a bounded walk
+-- back along the notification id, whatever the log's size.
+SELECT recorded_at, state FROM steptrail_events
+WHERE topic = 'steptrail.Run.StepRecorded'
+ORDER BY notification_id DESC
+LIMIT :limit;
