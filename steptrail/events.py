@@ -45,6 +45,7 @@ Decided = Run.Decided
 Resumed = Run.Resumed
 Released = Run.Released
 Replayed = Run.Replayed
+Retried = Run.Retried
 
 TOPICS: Mapping[str, type[RunEvent]] = MappingProxyType(EVENT_TYPES)
 """Every event class by its stored topic (read-only)."""
@@ -70,6 +71,7 @@ __all__ = [
     "Released",
     "Replayed",
     "Requeued",
+    "Retried",
     "Resumed",
     "RunEvent",
     "Started",
