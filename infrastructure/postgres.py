@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import psycopg_pool
 from eventsourcing.postgres import PostgresDatastore
-from psycopg.rows import DictRow
+from psycopg import sql as pgsql
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
@@ -37,10 +38,13 @@ from steptrail.infrastructure.store_base import (
     encoded_events,
     journal_from_rows,
     journal_rows,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
@@ -128,15 +132,16 @@ class PostgresRunStore(ClaimsOne):
 
     # -- schema --------------------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
-        """Apply missing migrations under an advisory lock; returns the names applied."""
+    def migrate(self, *, upto: int | None = None) -> list[str]:
+        """Apply missing migrations under an advisory lock (only those numbered `upto` or
+        lower, if given); returns the names applied."""
         applied_now: list[str] = []
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["migration_lock"])
             conn.execute(self.q["create_migrations_table"])
             done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
             for number, name, sql in migrations(self.backend):
-                if number in done:
+                if number in done or (upto is not None and number > upto):
                     continue
                 conn.execute(sql.encode("utf-8"))  # migration text ships with steptrail
                 conn.execute(self.q["record_migration"], {"version": number, "name": name})
@@ -181,13 +186,22 @@ class PostgresRunStore(ClaimsOne):
             return
         params = self.append_params(run, resumable=resumable)
         with self._connection() as conn:
-            conn.execute(self.q["append"], params, prepare=True)
+            if not (run.state.status.is_terminal and keeps_request(run.state)):
+                conn.execute(self.q["append"], params, prepare=True)
+            else:
+                # A failed settle (rare): the append with drop_saved off, then everything
+                # saved but the request, and the journal, in one transaction. Kept out of
+                # steptrail_append so that its one-round-trip hot path stays as it is.
+                with conn.transaction():
+                    conn.execute(self.q["append"], params, prepare=True)
+                    conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
 
     def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
         """The parameters of the `append` query for `run`'s pending events and journal."""
         events = encoded_events(run)
         drop, notify = side_effects(run.state)
+        keep = drop and keeps_request(run.state)  # see `append`
         journal = journal_rows(run)
         return {
             **self._params(run),
@@ -196,7 +210,7 @@ class PostgresRunStore(ClaimsOne):
             "topics": [t for _, t, _ in events],
             "states": [s for _, _, s in events],
             "resumable": resumable,
-            "drop_saved": drop,
+            "drop_saved": drop and not keep,
             "notify": notify,
             "j_seqs": [j["seq"] for j in journal],
             "j_positions": [j["position"] for j in journal],
@@ -253,7 +267,10 @@ class PostgresRunStore(ClaimsOne):
             return journal_from_rows(rows.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
-        with self._connection() as conn:
+        """Running runs whose lease expired, judged after every write already queued has
+        landed (ADR 0016): a renewal that waited on a lock is not mistaken for a dead worker."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_for_reaper"])
             rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
             return [run_from_row(r) for r in rows]
 
@@ -265,7 +282,9 @@ class PostgresRunStore(ClaimsOne):
                 run_id=run_id,
                 version=r["version"],
                 recorded_at=r["recorded_at"],
-                event=decode_event(r["topic"], bytes(r["state"])),
+                event=decode_event(
+                    r["topic"], bytes(r["state"]), where=f"event {r['version']} of run {run_id}"
+                ),
                 notification_id=r["notification_id"],
             )
             for r in rows
@@ -278,6 +297,15 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_runs"], params)]
 
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": since, "limit": limit}
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_failed_runs"], params)
+            return [r["run_id"] for r in rows]
+
     def all_rows(self) -> list[RunRow]:
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
@@ -287,12 +315,23 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn, conn.transaction():
             yield from self._log(conn)
 
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one REPEATABLE READ
+        snapshot, so writers in between cannot look like drift."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["snapshot_for_verify"])
+            live = [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
+            rebuilt = list(rebuild_rows(self._log(conn)))
+        return live, rebuilt
+
     def _log(self, conn: psycopg.Connection[DictRow]) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur = conn.cursor(name="steptrail_log")
         cur.itersize = 2000
         cur.execute(self.q["select_log"])
         for r in cur:
-            yield r["run_id"], decode_event(r["topic"], bytes(r["state"])), r["recorded_at"]
+            where = f"event {r['version']} of run {r['run_id']}"
+            event = decode_event(r["topic"], bytes(r["state"]), where=where)
+            yield r["run_id"], event, r["recorded_at"]
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
         """Replace the run index with one folded from the log, in one transaction that holds
@@ -344,18 +383,34 @@ class PostgresRunStore(ClaimsOne):
         row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
         return int(row["n"]) if row is not None else 0
 
-    def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
-    ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction.
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._connection() as conn:
+            rows = conn.execute(
+                self.q["select_live_purgeable"], {"statuses": list(statuses), "cutoff": cutoff}
+            )
+            return [r["run_id"] for r in rows]
 
-        Locks the runs' rows (their writers wait, then find them gone) and the reporting
-        runner's tracking row (no batch may fold a run half-purged), for one small batch
-        only, so live workers wait milliseconds, not the whole purge.
+    def purge_batch(
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
+    ) -> list[UUID]:
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`).
+
+        Locks the runs' rows (their writers wait, then find them gone) and the tracking rows
+        of the reporting runner and of each projection, in a fixed order (no batch may fold
+        a run half-purged, or write a purged run's rows back after its `forget`), for one
+        small batch only, so live workers wait milliseconds, not the whole purge.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
-            conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
+            for name in [PROJECTION, *sorted(name for name, _ in projections)]:
+                conn.execute(self.q["init_tracking"], {"projection": name})
+                conn.execute(self.q["lock_tracking"], {"projection": name})
             rows = conn.execute(
                 self.q["select_purgeable"],
                 {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
@@ -365,10 +420,16 @@ class PostgresRunStore(ClaimsOne):
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):
                     conn.execute(statement.encode("utf-8"), params)
+                for _, forget in projections:
+                    forget(ids, PostgresSql(conn))
         return ids
 
     def after_purge(self) -> None:
-        """Nothing to do: PostgreSQL reclaims deleted rows with (auto)vacuum."""
+        """VACUUM the tables a purge touched, so the space of deleted content is reclaimed
+        now rather than whenever autovacuum comes by (the WAL is the operator's: README)."""
+        with self._connection() as conn:
+            conn.autocommit = True
+            conn.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id})
@@ -385,6 +446,35 @@ class PostgresRunStore(ClaimsOne):
     def reporting_read(self) -> Iterator[_PgTx]:
         with self._connection() as conn:
             yield _PgTx(conn, self.q)
+
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_PgTx]]]:
+        """A private schema to rebuild a projection into (`verify`), on a connection of its
+        own whose search path holds only that schema, so the projection's unqualified table
+        names resolve to the scratch copies; yields a function that opens a transaction on
+        it. Each transaction is short (a batch): a long one would hold every reader of the
+        log back (ADR 0012). The schema is dropped at the end."""
+        schema = f"steptrail_scratch_{uuid4().hex[:12]}"
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        except _CONNECTION_ERRORS as e:
+            raise StoreUnavailable(_first_line(e)) from e
+        try:
+            conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+            conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
+
+            @contextmanager
+            def transaction() -> Iterator[_PgTx]:
+                with conn.transaction():
+                    yield _PgTx(conn, self.q)
+
+            yield transaction
+        finally:
+            with suppress(psycopg.Error):
+                conn.execute(
+                    pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema))
+                )
+            conn.close()
 
     @staticmethod
     def db_id(value: UUID) -> Any:
@@ -457,6 +547,16 @@ class _PgTx:
         if params:
             with self.conn.cursor() as cur:
                 cur.executemany(self.q[name], params)
+
+    def sql(self) -> PostgresSql:
+        """The handle a user projection writes through, on this transaction."""
+        return PostgresSql(self.conn)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return postgres_rows_of(self.conn, table)
+
+    def drop(self, table: str) -> None:
+        postgres_drop(self.conn, table)
 
 
 def _index_row(row: DictRow) -> RunRow:

@@ -20,7 +20,7 @@ events (they would carry the message); `error.type` names the class.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -122,9 +122,13 @@ class _StepSpan(StepProbe):
         self.span = span
         self.kind = kind
         self.name = name
+        self.context = trace.set_span_in_context(span, segment)
+        self.closed = False
+
+    def activate(self) -> Callable[[], None]:
         # Current while the step runs, so the spans of what it calls nest under it.
-        context = trace.set_span_in_context(span, segment)
-        self.token: object | None = otel_context.attach(context)
+        token = otel_context.attach(self.context)
+        return lambda: otel_context.detach(token)
 
     def ended(self, end: StepEnd) -> None:
         span = self.span
@@ -156,11 +160,9 @@ class _StepSpan(StepProbe):
         span.set_attributes(attributes)
 
     def close(self) -> None:
-        if self.token is None:
-            return
-        token, self.token = self.token, None
-        self.span.end()
-        otel_context.detach(token)  # type: ignore[arg-type]
+        if not self.closed:
+            self.closed = True
+            self.span.end()
 
 
 class _SegmentSpan(SegmentProbe):
@@ -174,7 +176,11 @@ class _SegmentSpan(SegmentProbe):
         self.open_step: _StepSpan | None = None
         self.recording = span.is_recording()
         self.context = trace.set_span_in_context(span)
-        self.token: object | None = otel_context.attach(self.context)
+
+    def activate(self) -> Callable[[], None]:
+        # Current while the agent runs: its own spans and outgoing calls join the trace.
+        token = otel_context.attach(self.context)
+        return lambda: otel_context.detach(token)
 
     def _step_span(self, kind: str, name: str, seq: int, *, replayed: bool) -> Span:
         operation = {"tool": "execute_tool", "llm": "chat"}.get(kind, kind)
@@ -238,9 +244,6 @@ class _SegmentSpan(SegmentProbe):
             if outcome is None or outcome in ERROR_OUTCOMES:
                 span.set_status(Status(StatusCode.ERROR, name))
         span.end()
-        if self.token is not None:
-            token, self.token = self.token, None
-            otel_context.detach(token)  # type: ignore[arg-type]
 
 
 def _genai_llm(attributes: dict[str, Any], payload: Mapping[str, Any]) -> str | None:

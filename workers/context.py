@@ -16,9 +16,12 @@ deadline runs on a helper thread the agent stops waiting for at the deadline (AD
 from __future__ import annotations
 
 import contextvars
+import inspect
+import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Never, TypeVar
 from uuid import UUID
@@ -51,10 +54,17 @@ from steptrail.domain.journal import (
     StepCall,
     fingerprint,
 )
-from steptrail.domain.privacy import filter_payload
+from steptrail.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadRejected,
+    check_depth,
+    check_size,
+)
+from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
 from steptrail.domain.run import DECISION_STEP, Decision, Run
+from steptrail.domain.schemas import check_schema
 from steptrail.workers.segment import LeaseLost, Segment
-from steptrail.workers.telemetry import NO_STEP, StepEnd
+from steptrail.workers.telemetry import NO_STEP, StepEnd, StepProbe
 
 T = TypeVar("T")
 
@@ -130,6 +140,38 @@ class Deadlines:
     max_duration: float | None = None
 
 
+class AwaitableInSyncStep(TypeError):
+    """A synchronous agent's step returned an awaitable, which it cannot await: the step
+    fails (and the run with it, as not retryable) rather than record something that never
+    ran. Write the agent as `async def`; its context awaits steps."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(
+            f"the {kind} step {name!r} returned an awaitable in a synchronous agent; "
+            "declare the agent `async def` to await it"
+        )
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A step call answered from the journal: `value` is what the agent gets."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class LiveStep:
+    """A step call that runs for real: opened (boundary passed, marker confirmed for a
+    write), waiting for its callable's outcome to be closed with."""
+
+    call: StepCall
+    payload: Mapping[str, Any] | None
+    limit: float | None
+    started: float
+    write: bool = False
+    probe: StepProbe = NO_STEP  # its observer (ADR 0033)
+
+
 class RunFailed(Exception):
     """Raise from an agent to end its run `failed` with `reason`, without any retry."""
 
@@ -154,12 +196,16 @@ class RunContext:
         privacy: PrivacyLevel,
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        declared_tools: frozenset[str] | None = None,
         journal: JournalCursor | None = None,
         classify: Callable[[BaseException], FailureClass] = classify,
         deadlines: Deadlines | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._segment = segment
+        self._declared_tools = declared_tools
+        self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
         self._effect_of = effect_of
         self._journal = journal or JournalCursor()
@@ -170,7 +216,6 @@ class RunContext:
         self._replay_noted = False
         self._taken: Resumption | None = None
         self._by_hand = False
-        self._step = NO_STEP  # the telemetry probe of the live step, if one is running
         self.request = request
         self.resumable = resumable
         self.log = segment.log
@@ -276,7 +321,8 @@ class RunContext:
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
-        return self._await_decision(state, calls_digest(pending), tuple(c.name for c in pending))
+        labels = tuple(self.tool_label(c.name) for c in pending)
+        return self._await_decision(state, calls_digest(pending), labels)
 
     def request_input(
         self,
@@ -287,11 +333,16 @@ class RunContext:
     ) -> dict[str, Any]:
         """Wait until a person submits values matching `schema` (a pydantic model or a JSON
         Schema); returns the validated values, like `request_approval` returns a decision
-        (they are also `ctx.resumed.values` for agents that resume by hand)."""
-        json_schema = (
+        (they are also `ctx.resumed.values` for agents that resume by hand).
+
+        Raises:
+            InvalidSchema: the schema is invalid, refers outside itself or is too large
+                (ADR 0020); the run is not suspended, and fails unless the agent handles it.
+        """
+        json_schema = check_schema(
             schema.model_json_schema()
             if isinstance(schema, type) and issubclass(schema, BaseModel)
-            else dict(schema)
+            else schema
         )
         state = ResumableState(
             kind=WaitKind.INPUT,
@@ -324,7 +375,7 @@ class RunContext:
     def _take(self, call: StepCall, resumption: Resumption) -> None:
         """Record the agent taking its decision as a step (its outcome journaled)."""
         self._segment.boundary()
-        self._step = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
+        probe = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
         self._taken = resumption
         value = {
             "kind": resumption.kind.value,
@@ -345,7 +396,9 @@ class RunContext:
             error=None,
             result=value,
             log_result=False,
+            probe=probe,
         )
+        probe.close()
 
     def run_pending(
         self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
@@ -357,29 +410,37 @@ class RunContext:
         Denied: no call runs; each gets the error result "denied by the operator", recorded
         as a step, and the agent goes on.
         """
-        resumed = self._taken or self.resumed
-        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
-            raise RuntimeError("run_pending is for a segment resumed after an approval")
         results = []
-        for call in resumed.calls:
-            if not resumed.approved:
-                self.step("tool", call.name, lambda: {"error": DENIED}, payload={"tool": call.name})
+        for call, run in self.pending_calls(tools):
+            if run is None:
+                label = self.tool_label(call.name)
+                self.step("tool", label, denied_result, payload={"tool": label})
                 results.append(CallResult(call=call, error=DENIED))
                 continue
-            run = _bind(tools, call)
             value = self.tool(call.name, run, arguments=call.arguments)
             results.append(CallResult(call=call, value=value))
         return results
 
+    def pending_calls(
+        self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
+    ) -> list[tuple[PendingCall, Callable[[], Any] | None]]:
+        """The calls this segment resumed with, each with what runs it (None: denied)."""
+        resumed = self._taken or self.resumed
+        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
+            raise RuntimeError("run_pending is for a segment resumed after an approval")
+        return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
+
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
+        check_depth(state.conversation, "the saved conversation")
         body = canonical_json(jsonable(state.model_dump(mode="json")))
+        check_size(len(body), self._max_payload_bytes, "the saved resumable state")
         kind = state.kind
         self.note_replay()
 
+        logged_schema = filter_schema(state.input_schema, self._privacy)
+
         def suspend(run: Run) -> None:
-            run.suspend(
-                kind=kind, digest=digest, pending_tools=tools, input_schema=state.input_schema
-            )
+            run.suspend(kind=kind, digest=digest, pending_tools=tools, input_schema=logged_schema)
 
         try:
             self._segment.commit(suspend, resumable=body)
@@ -425,12 +486,10 @@ class RunContext:
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
-        entry = self._next(call)
-        if entry is not None:
-            return _replayed(entry)  # type: ignore[no-any-return]
-        limit = timeout if timeout is not None else self._deadlines.step_timeout
-        return self._live(call, fn, payload=payload, timeout=limit)
+        opened = self.open_step(kind, name, payload=payload, args=args, timeout=timeout)
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        return self._run_live(opened, fn)
 
     def llm(
         self,
@@ -463,12 +522,62 @@ class RunContext:
         marker is cleared by that record; if the tool raises, the marker stays, because
         the write may have happened.
         """
-        call = StepCall("tool", name, fingerprint(jsonable(dict(arguments or {}))))
+        opened = self.open_tool(name, arguments=arguments, timeout=timeout)
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        return self._run_live(opened, fn)
+
+    # The halves of a step, shared by this context and the async one (workers/
+    # async_context.py), which runs them on a store thread and awaits the step's callable
+    # between them: one implementation of replay, boundaries, markers, fencing, deadlines
+    # and records for both (ADR 0022).
+
+    def open_step(
+        self,
+        kind: str,
+        name: str,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
+    ) -> LiveStep | Replayed:
+        """Everything before a step's callable runs: its journal entry if it has one
+        (`Replayed`; a recorded error is raised again as `ReplayedError`), else the step
+        boundary, fenced, and the step's deadline (`LiveStep`).
+
+        Raises:
+            LeaseLost, NonDeterministic, ReplayedError, RunTimedOut.
+        """
+        call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
         entry = self._next(call)
         if entry is not None:
-            return _replayed(entry)  # type: ignore[no-any-return]
+            return Replayed(_replayed(entry))
+        limit = timeout if timeout is not None else self._deadlines.step_timeout
+        self._segment.boundary()
+        limit = self._limit(limit)
+        probe = self._segment.probe.step_started(kind, name, self.next_seq)
+        return LiveStep(call, payload, limit, time.perf_counter(), probe=probe)
+
+    def open_tool(
+        self,
+        name: str,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> LiveStep | Replayed:
+        """`open_step` for tool `name`: a write tool's pending-effect marker is appended
+        and confirmed here, before its callable may run."""
+        # What the log, the journal and log lines call the tool: a name the request may have
+        # chosen is free text, labelled below `redacted` unless the app declared it (ADR
+        # 0019). The label is a pure function of the name and the privacy level, so a replay
+        # at the same level matches it.
+        label = self.tool_label(name)
+        call = StepCall("tool", label, fingerprint(jsonable(dict(arguments or {}))))
+        entry = self._next(call)
+        if entry is not None:
+            return Replayed(_replayed(entry))
         effect = self._effect_of(name)
-        payload: dict[str, Any] = {"tool": name, "effect": effect.value}
+        payload: dict[str, Any] = {"tool": label, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
         limit = timeout
@@ -477,22 +586,76 @@ class RunContext:
         if limit is None:
             limit = self._deadlines.step_timeout
         if not effect.is_write:
-            return self._live(call, fn, payload=payload, timeout=limit)
-        # The segment's deadline is checked before the marker: a write that never started
-        # must not leave a marker saying it may have happened.
+            self._segment.boundary()
+            limit = self._limit(limit)
+            probe = self._segment.probe.step_started("tool", label, self.next_seq)
+            return LiveStep(call, payload, limit, time.perf_counter(), probe=probe)
+        # The deadline is known before the marker: a run out of time never leaves a marker
+        # for a write that did not start.
         limit = self._limit(limit)
-        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
+        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=label, effect=effect))
         version = self._segment.run.version
-        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq, version=version)
+        self.log.info("effect_pending", tool=label, effect=effect.value, seq=seq, version=version)
+        probe = self._segment.probe.step_started("tool", label, self.next_seq)
+        return LiveStep(call, payload, limit, time.perf_counter(), write=True, probe=probe)
+
+    def close_step(
+        self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None
+    ) -> Any:
+        """Everything after a live step's callable returned `outcome` or raised `error`:
+        its record and journal entry (appended at the next boundary, or now for a write
+        tool, ADR 0014). Returns the value the agent gets (`outcome` without `Recorded`)."""
+        value, extra = (None, None) if error is not None else _unwrap(outcome)
         try:
-            value = self._live(call, fn, payload=payload, timeout=limit, marked=True)
-        except LeaseLost:
-            raise
-        except BaseException:
-            self._segment.boundary()  # the failed write's record (its marker stays)
-            raise
-        self._segment.boundary()  # the write's result, durable now (ADR 0014)
+            # May raise PayloadRejected after recording the step as rejected (ADR 0019).
+            self._record(
+                call=step.call,
+                started=step.started,
+                payload=step.payload,
+                extra=extra,
+                error=error,
+                result=value,
+                probe=step.probe,
+            )
+        finally:
+            step.probe.close()
+            if step.write:
+                # A write's record is appended now, whatever it says: its result (which
+                # clears the marker), its error or its rejection (the marker stays).
+                self._segment.boundary()
         return value
+
+    def close_step_nowait(
+        self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None
+    ) -> tuple[bool, Any]:
+        """`close_step` now if it needs no store call (not a write) and nobody holds the
+        segment (the lease keeper may be appending): `(True, value)`. Otherwise `(False,
+        None)` with nothing done: call `close_step` where blocking is fine. The async context
+        uses this to skip a thread hand-off for most steps without ever blocking its loop."""
+        lock = self._segment.lock
+        if step.write or not lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, self.close_step(step, outcome=outcome, error=error)
+        finally:
+            lock.release()
+
+    @contextmanager
+    def renewing_until(self, seconds: float) -> Iterator[None]:
+        """While a step with a deadline `seconds` away runs, the lease keeper renews only
+        until that deadline (ADR 0015)."""
+        segment = self._segment
+        outer = segment.renew_until
+        deadline = self._clock() + seconds
+        segment.renew_until = deadline if outer is None else min(outer, deadline)
+        try:
+            yield
+        finally:
+            segment.renew_until = outer
+
+    def tool_label(self, name: str) -> str:
+        """How tool `name` appears in this run's log at its privacy level."""
+        return tool_label(name, self._privacy, self._declared_tools)
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -532,34 +695,24 @@ class RunContext:
             self._segment.probe.step_replayed(call.kind, call.name, entry.seq, failed=entry.failed)
         return entry
 
-    def _live(
-        self,
-        call: StepCall,
-        fn: Callable[[], T | Recorded[T]],
-        *,
-        payload: Mapping[str, Any] | None,
-        timeout: float | None,
-        marked: bool = False,
-    ) -> T:
-        """Run `fn` for real and record it. `marked`: a write whose marker was just appended
-        (that append was the boundary, and the deadline was checked before it)."""
-        if not marked:
-            self._segment.boundary()
-        limit = timeout if marked else self._limit(timeout)
-        self._step = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
-        started = time.perf_counter()
+    def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
+        deactivate = step.probe.activate()
         try:
-            outcome = fn() if limit is None else self._with_deadline(call.name, fn, limit)
+            if step.limit is None:
+                outcome = fn()
+            else:
+                outcome = self._with_deadline(step.call.name, fn, step.limit)
+            outcome = _not_awaitable(outcome, step.call.kind, step.call.name)
         except Exception as error:
-            self._record(
-                call=call, started=started, payload=payload, extra=None, error=error, result=None
-            )
+            deactivate()
+            self.close_step(step, error=error)
             raise
-        value: T
-        value, extra = _unwrap(outcome)
-        self._record(
-            call=call, started=started, payload=payload, extra=extra, error=None, result=value
-        )
+        except BaseException:
+            deactivate()
+            step.probe.close()
+            raise
+        deactivate()
+        value: T = self.close_step(step, outcome=outcome)
         return value
 
     def _limit(self, timeout: float | None) -> float | None:
@@ -589,18 +742,11 @@ class RunContext:
                 box["error"] = error
 
         thread = threading.Thread(target=target, name=f"steptrail-step-{name}", daemon=True)
-        segment = self._segment
-        outer = segment.renew_until
-        deadline = self._clock() + seconds
-        segment.renew_until = deadline if outer is None else min(outer, deadline)
-        try:
+        with self.renewing_until(seconds):
             thread.start()
             thread.join(seconds)
-        finally:
-            segment.renew_until = outer
         if thread.is_alive():
-            version = segment.run.committed_version
-            self.log.warning("step_timed_out", step=name, timeout_s=seconds, version=version)
+            self.log.warning("step_timed_out", step=name, timeout_s=seconds)
             raise StepTimedOut(name, seconds)
         if "error" in box:
             raise box["error"]
@@ -616,6 +762,7 @@ class RunContext:
         error: BaseException | None,
         result: Any,
         log_result: bool = True,
+        probe: StepProbe = NO_STEP,
     ) -> None:
         duration_ms = int((time.perf_counter() - started) * 1000)
         kind, name = call.kind, call.name
@@ -626,9 +773,27 @@ class RunContext:
             tokens, cost = extra.tokens, extra.cost
         if error is None and log_result:
             body["content" if kind == "llm" else "result"] = result
-        filtered = filter_payload(jsonable(body), self._privacy)
         error_type = _error_type(error) if error is not None else None
-        entry = _entry(call, self._journal.position, result, error, self._classify)
+        rejected: PayloadRejected | None = None
+        try:
+            # Bounded before anything else walks it (ADR 0019): what is written must be
+            # readable back. A step whose payload or value is too deep or too large is
+            # recorded without them, as failed with the limit's error type (in the journal
+            # too, so a replay fails the same way), and the agent gets the error.
+            check_depth(body, f"the payload of step {name!r}")
+            if error is None:
+                check_depth(result, f"the value of step {name!r}")
+            filtered = filter_payload(
+                jsonable(body), self._privacy, declared_tools=self._declared_tools
+            )
+            self.check_size(filtered, f"the payload of step {name!r}")
+            if error is None:
+                self.check_size(jsonable(result), f"the value of step {name!r}")
+            entry = _entry(call, self._journal.position, result, error, self._classify)
+        except PayloadRejected as too_much:
+            filtered, error_type = {"payload_rejected": True}, type(too_much).__name__
+            rejected = too_much if error is None else None
+            entry = _entry(call, self._journal.position, None, too_much, self._classify)
 
         def record(run: Run) -> int:
             return run.record_step(
@@ -644,10 +809,15 @@ class RunContext:
             )
 
         self._segment.defer(record)
-        step, self._step = self._step, NO_STEP
         failure = entry.failure_class.value if entry.failure_class is not None else None
-        step.ended(StepEnd(self.next_seq - 1, filtered, tokens, cost, error_type, failure))
-        step.close()
+        probe.ended(StepEnd(self.next_seq - 1, filtered, tokens, cost, error_type, failure))
+        if rejected is not None:
+            raise rejected
+
+    def check_size(self, payload: Any, what: str) -> None:
+        """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str))
+        check_size(size, self._max_payload_bytes, what)
 
 
 def _error_type(error: BaseException) -> str:
@@ -709,6 +879,25 @@ def _bind(
         fn = tools[call.name]
         return lambda: fn(**call.arguments)
     return lambda: tools(call)
+
+
+def denied_result() -> dict[str, str]:
+    """The result a denied pending call is recorded with."""
+    return {"error": DENIED}
+
+
+def _not_awaitable(outcome: T, kind: str, name: str) -> T:
+    if inspect.isawaitable(outcome):
+        discard_awaitable(outcome)
+        raise AwaitableInSyncStep(kind, name)
+    return outcome
+
+
+def discard_awaitable(awaitable: object) -> None:
+    """Close a coroutine nobody will await, so it neither runs nor warns."""
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
 
 
 def _unwrap(outcome: Any) -> tuple[Any, Recorded[Any] | None]:

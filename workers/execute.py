@@ -6,26 +6,44 @@ wins: a settle that conflicts changes nothing and reports how the run was lost i
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import random
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import structlog
+from pydantic import ValidationError
 
 from steptrail.domain.classifier import Classifier
+from steptrail.domain.decisions import ResumableState, state_digest
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.errors import DomainError, StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
+from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
-from steptrail.workers.context import Deadlines, RunContext, RunFailed, Suspend, jsonable
+from steptrail.workers.async_context import AsyncRunContext
+from steptrail.workers.context import (
+    Deadlines,
+    RunContext,
+    RunFailed,
+    Suspend,
+    discard_awaitable,
+    jsonable,
+)
 from steptrail.workers.lease import LeaseKeeper
-from steptrail.workers.registry import App
+from steptrail.workers.registry import AgentSpec, App
 from steptrail.workers.segment import LeaseLost, Segment
+from steptrail.workers.store_threads import StoreThreads
 from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,10 +63,29 @@ class ExecutionConfig:
     lease_s: float
     policy: RetryPolicy
     privacy: PrivacyLevel
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+
+class AwaitableAgent(TypeError):
+    """A synchronous agent function returned an awaitable (say, a plain function wrapping an
+    `async def` one). It is never settled as if it had run: the run fails, not retryable.
+    Register the `async def` function itself, so the worker awaits it."""
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(
+            f"agent {agent!r} returned an awaitable from a synchronous function; register "
+            "an `async def` agent so that steptrail awaits it"
+        )
 
 
 class Executor:
-    """Runs claimed (or started, or resumed) segments to their outcome."""
+    """Runs claimed (or started, or resumed) segments to their outcome.
+
+    Synchronous agents run in the calling thread (`execute`); async agents run as a
+    coroutine (`execute_async`) whose store calls go to `threads`. Both open their segment
+    with `_open` and settle through `conclude`, so there is one implementation of how a
+    segment starts and ends (ADR 0022).
+    """
 
     def __init__(
         self,
@@ -59,16 +96,18 @@ class Executor:
         keeper: LeaseKeeper,
         log: structlog.typing.FilteringBoundLogger,
         rng: random.Random | None = None,
+        threads: StoreThreads | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry
         self.app = app
         self.config = config
-        self.telemetry = telemetry
         self.keeper = keeper
         self.log = log
         self.rng = rng or random.Random()
         self.classifier: Classifier = app.classifier
+        self.threads = threads or StoreThreads()
 
     def execute(
         self,
@@ -76,19 +115,111 @@ class Executor:
         request: dict[str, Any],
         *,
         resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
     ) -> SegmentResult:
-        """Run the agent of `run` (held by this process) and settle it."""
+        """Run the agent of `run` (held by this process) and settle it. `lease_from` is
+        when the write that gave this process the lease was sent (`time.monotonic()`).
+
+        An async agent runs to its end on a private event loop in this thread; from a thread
+        that already runs a loop, await `execute_async` instead.
+        """
         spec = self.app.get(run.state.agent)
+        if spec.is_async:
+            return run_to_end(
+                self.execute_async(run, request, resumable=resumable, lease_from=lease_from)
+            )
+        opened = self._open(spec, run, request, resumable, lease_from)
+        if isinstance(opened, SegmentResult):
+            return opened
+        segment, ctx = opened
+        settled: SegmentResult | None = None
+        deactivate = segment.probe.activate()
+        try:
+            try:
+                result = _not_awaitable(spec.fn(ctx, ctx.request), spec.name)  # type: ignore[arg-type]
+            # Any agent error goes to the retry ladder; LeaseLost and Suspend end the segment.
+            except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001
+                settled = self.conclude(segment, ctx, error=error)
+                return settled
+            settled = self.conclude(segment, ctx, result=result)
+            return settled
+        finally:
+            deactivate()
+            self._close(segment, settled)
+
+    async def execute_async(
+        self,
+        run: Run,
+        request: dict[str, Any],
+        *,
+        resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
+    ) -> SegmentResult:
+        """Run the agent of `run` as a coroutine on the running loop and settle it. Every
+        store call (the journal read, appends, the settle) runs on `self.threads`; the loop
+        never blocks on the store. A synchronous agent runs on a thread of its own (not a
+        store thread: it may take minutes)."""
+        spec = self.app.get(run.state.agent)
+        if not spec.is_async:
+            return await asyncio.to_thread(
+                self.execute, run, request, resumable=resumable, lease_from=lease_from
+            )
+        if run.state.steps:  # reads its journal: a store call
+            opened = await self.threads.call(self._open, spec, run, request, resumable, lease_from)
+        else:  # a fresh run has no journal: nothing here touches the store
+            opened = self._open(spec, run, request, resumable, lease_from)
+        if isinstance(opened, SegmentResult):
+            return opened
+        segment, core = opened
+        ctx = AsyncRunContext(core, self.threads)
+        deactivate = ctx.activate()
+        unobserve = segment.probe.activate()  # in this task, around the agent
+        settled: SegmentResult | None = None
+        try:
+            try:
+                result = spec.fn(ctx, ctx.request)  # type: ignore[arg-type]
+                if inspect.isawaitable(result):
+                    result = await result
+            except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001 - as in `execute`
+                settled = await self.threads.call(self.conclude, segment, core, error=error)
+                return settled
+            settled = await self.threads.call(self.conclude, segment, core, result=result)
+            return settled
+        finally:
+            unobserve()
+            deactivate()
+            self._close(segment, settled)
+
+    def _open(
+        self,
+        spec: AgentSpec,
+        run: Run,
+        request: dict[str, Any],
+        resumable: dict[str, Any] | None,
+        lease_from: float | None,
+    ) -> tuple[Segment, RunContext] | SegmentResult:
+        """The segment and its context, ready to run the agent; or, when the journal cannot
+        be read, the result of a segment that never started."""
         privacy = spec.privacy or self.config.privacy
-        segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
-        # A run that recorded no step has no journal: a fresh claim costs no extra read.
-        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        segment = Segment(
+            self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
+        )
+        try:
+            # A run that recorded no step has no journal: a fresh claim costs no extra read.
+            journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        except StoreUnavailable as error:
+            # Without its journal the agent would run recorded steps again: do not start.
+            # The lease runs out and the reaper hands the run to another segment.
+            segment.log.warning("journal_unreadable", error=type(error).__name__)
+            return self._result(segment, Outcome.LEASE_LOST)
         ctx = RunContext(
             segment,
             request=request,
             privacy=privacy,
             effect_of=self.app.effect_of,
             resumable=resumable,
+            max_payload_bytes=self.config.max_payload_bytes,
+            declared_tools=self.app.declared_tools,
             journal=journal,
             classify=self.classifier,
             deadlines=Deadlines(
@@ -97,44 +228,56 @@ class Executor:
                 max_duration=spec.max_duration,
             ),
         )
-        segment.probe = probe = self.telemetry.segment_started(run)
+        segment.probe = self.telemetry.segment_started(run)
         self.keeper.track(segment)
-        outcome = None
-        try:
-            result = self._run(segment, ctx, spec.fn, privacy)
-            outcome = result.outcome
-            return result
-        finally:
-            self.keeper.untrack(segment)
-            segment.close()
-            probe.ended(outcome)
+        return segment, ctx
 
-    def _run(
-        self, segment: Segment, ctx: RunContext, fn: Any, privacy: PrivacyLevel
+    def _close(self, segment: Segment, settled: SegmentResult | None) -> None:
+        """The segment is over: `settled` is how (None: steptrail itself failed)."""
+        self.keeper.untrack(segment)
+        segment.close()
+        segment.probe.ended(settled.outcome if settled is not None else None)
+
+    def conclude(
+        self,
+        segment: Segment,
+        ctx: RunContext,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
     ) -> SegmentResult:
+        """Settle the segment after its agent returned `result` or raised `error`."""
         run = segment.run
-        try:
-            result = fn(ctx, ctx.request)
-        except LeaseLost as lost:
-            return self._result(segment, lost.outcome)
-        except Suspend as suspended:
-            return self._result(segment, suspended.outcome)
-        except RunFailed as failed:
+        privacy = ctx.privacy
+        if isinstance(error, LeaseLost):
+            return self._result(segment, error.outcome)
+        if isinstance(error, Suspend):
+            return self._result(segment, error.outcome)
+        if isinstance(error, RunFailed):
             if ctx.diverged is not None:  # a replay mismatch outranks what the agent made of it
                 return self._on_failure(segment, ctx, ctx.diverged)
-            reason, error_type = failed.reason, type(failed).__name__
+            reason, error_type = error.reason, type(error).__name__
             ctx.note_replay()
             return self._settle(
                 segment, lambda r: r.fail(reason=reason, error_type=error_type), Outcome.FAILED
             )
-        except Exception as error:  # noqa: BLE001 - any agent error goes to the retry ladder
+        if isinstance(error, Exception):
             return self._on_failure(segment, ctx, ctx.diverged or error)
+        if error is not None:
+            raise error
         if segment.lost is not None:
             return self._result(segment, segment.lost.outcome)
         if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
             return self._on_failure(segment, ctx, ctx.diverged)
         ctx.note_replay()
-        body = filter_payload(jsonable({"result": result}), privacy)
+        try:
+            # A result that could not be read back must never be written (ADR 0019): the
+            # run fails instead, not retryable (it would return the same result again).
+            check_depth(result, "the run's result")
+            body = filter_payload(jsonable({"result": result}), privacy)
+            ctx.check_size(body, "the run's result")
+        except PayloadRejected as rejected:
+            return self._on_failure(segment, ctx, rejected)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
         )
@@ -231,15 +374,41 @@ class Executor:
         return SegmentResult(run.id, outcome, status, run.committed_version)
 
 
+class CorruptResumableState(DomainError):
+    """The saved resumable state is unreadable or does not match what the run waits on."""
+
+
+def has_resumable(run: Run) -> bool:
+    """Whether `resumable_of` has state to read for `run` (a store call)."""
+    return run.state.decision is not None and run.state.has_resumable_state
+
+
 def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
-    """The saved resumable state a decided run resumes with, or None for a fresh segment."""
-    if run.state.decision is None or not run.state.has_resumable_state:
+    """The saved resumable state a decided run resumes with, or None for a fresh segment.
+
+    The state is read again when the resumed segment starts (a worker picked the run off the
+    queue, maybe hours after the decision), so it is checked again against the digest the
+    decision was bound to: calls changed in the database since the approval must not run.
+
+    Raises:
+        CorruptResumableState: unreadable, or not what the decision was about.
+    """
+    decision = run.state.decision
+    if decision is None or not has_resumable(run):
         return None
     body = store.saved(run.id, "resumable")
     if body is None:
         return None
-    value = json.loads(body)
-    return value if isinstance(value, dict) else None
+    try:
+        saved = ResumableState.model_validate(json.loads(body))
+    except (ValueError, ValidationError):
+        raise CorruptResumableState(f"the resumable state of run {run.id} is unreadable") from None
+    if saved.kind is not decision.kind or state_digest(saved) != decision.digest:
+        raise CorruptResumableState(
+            f"the resumable state of run {run.id} does not match the digest its decision "
+            "was bound to"
+        )
+    return saved.model_dump(mode="json")
 
 
 def decode_request(body: bytes) -> dict[str, Any]:
@@ -248,3 +417,33 @@ def decode_request(body: bytes) -> dict[str, Any]:
         return {}
     value = json.loads(body)
     return value if isinstance(value, dict) else {"input": value}
+
+
+def _not_awaitable(result: Any, agent: str) -> Any:
+    if inspect.isawaitable(result):
+        discard_awaitable(result)
+        raise AwaitableAgent(agent)
+    return result
+
+
+class LoopAlreadyRunning(RuntimeError):
+    """An async agent was to be run to its end from a thread whose event loop is running."""
+
+
+def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` on a fresh event loop in this thread (the synchronous API's way to
+    run an async agent: `Runtime.start`, a resume `here`).
+
+    Raises:
+        LoopAlreadyRunning: this thread already runs a loop (nothing ran); use
+            `steptrail.open_async` and await instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise LoopAlreadyRunning(
+        "an async agent cannot be run to its end from inside a running event loop; "
+        "use `async with steptrail.open_async(app)` and await it"
+    )

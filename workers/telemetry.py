@@ -12,13 +12,15 @@ Rules every implementation keeps:
   catch their own errors.
 * **Never see content above the privacy level.** Step hooks receive the payload *after* the
   privacy filter, exactly what the log records, and error classes, never messages.
-* **Probes are per segment and per step**, created and ended on the thread that runs the
-  segment (the lease keeper's renewals arrive from its own thread).
+* **Probes are per segment and per step.** They may be created and ended on store threads
+  (async agents); only `activate()` runs where the agent (or the step) runs, so an
+  implementation that keeps thread- or task-local state (a current span) does it there.
+  The lease keeper's renewals arrive from its own thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -46,8 +48,19 @@ class StepEnd:
     failure_class: str | None = None
 
 
+def _nothing() -> None:
+    return None
+
+
 class StepProbe:
-    """Watches one live step: `ended` when it returned or raised, then `close` (always)."""
+    """Watches one live step: `ended` when it returned or raised, then `close` (always).
+
+    `activate` is called on the thread (or task) that runs the step's callable, around it;
+    opening and closing may happen on store threads (async agents)."""
+
+    def activate(self) -> Callable[[], None]:
+        """The step is running here now; returns the undo (call it on the same thread)."""
+        return _nothing
 
     def ended(self, end: StepEnd) -> None:
         """The step finished; `end` is what its record holds."""
@@ -57,7 +70,13 @@ class StepProbe:
 
 
 class SegmentProbe:
-    """Watches one segment of a run, from its start under a lease to its outcome."""
+    """Watches one segment of a run, from its start under a lease to its outcome.
+
+    `activate` is called on the thread (or task) that runs the agent, around it."""
+
+    def activate(self) -> Callable[[], None]:
+        """The agent runs here now; returns the undo (call it on the same thread/task)."""
+        return _nothing
 
     def step_started(self, kind: str, name: str, seq: int) -> StepProbe:
         """A live step is about to run (after its boundary append); it gets sequence `seq`."""
@@ -160,9 +179,22 @@ class _FanoutCreation(CreationProbe):
             probe.ended(duplicate=duplicate)
 
 
+def _activate_all(probes: Sequence[StepProbe | SegmentProbe]) -> Callable[[], None]:
+    undo = [p.activate() for p in probes]
+
+    def deactivate() -> None:
+        for step in reversed(undo):
+            step()
+
+    return deactivate
+
+
 class _FanoutStep(StepProbe):
     def __init__(self, probes: list[StepProbe]) -> None:
         self.probes = probes
+
+    def activate(self) -> Callable[[], None]:
+        return _activate_all(self.probes)
 
     def ended(self, end: StepEnd) -> None:
         for probe in self.probes:
@@ -177,6 +209,9 @@ class _FanoutStep(StepProbe):
 class _FanoutSegment(SegmentProbe):
     def __init__(self, probes: list[SegmentProbe]) -> None:
         self.probes = probes
+
+    def activate(self) -> Callable[[], None]:
+        return _activate_all(self.probes)
 
     def step_started(self, kind: str, name: str, seq: int) -> StepProbe:
         return _FanoutStep([p.step_started(kind, name, seq) for p in self.probes])

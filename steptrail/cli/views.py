@@ -1,12 +1,13 @@
 """Commands over the views and the log's upkeep: stats, dead-letters, audit, project,
-rebuild, verify, purge."""
+rebuild, verify, purge, metrics."""
 
 from __future__ import annotations
 
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from steptrail.cli.app import (
@@ -20,7 +21,24 @@ from steptrail.cli.app import (
     runtime,
     stop_on_signals,
 )
-from steptrail.render import event_dict, trail_table
+from steptrail.cli.runs import MAX_EVERY_S, MAX_LIMIT
+from steptrail.domain.errors import StoreUnavailable
+from steptrail.infrastructure.factory import ReadOnlyStore
+from steptrail.infrastructure.feed import format_position
+from steptrail.infrastructure.projection_store import TrackedStatus
+from steptrail.infrastructure.settings import MAX_DAYS
+from steptrail.projections.custom import ProjectionFailed
+from steptrail.render import add_row, event_dict, inert, trail_table
+from steptrail.runtime import Runtime
+
+
+def refresh_views(rt: Runtime) -> None:
+    """Bring the views up to the log, unless the database is read-only (then they are shown
+    as last projected, and stderr says so)."""
+    try:
+        rt.project()
+    except ReadOnlyStore:
+        err.print("note: the database is read-only; views are shown as last brought up to date")
 
 
 @cli.command()
@@ -31,9 +49,16 @@ def stats(
     """Counts by agent and status, and by reason; the oldest queued run's age and the number
     of expired leases (from the live run index)."""
     with runtime(ctx) as rt:
-        rt.project()
+        try:
+            refresh_views(rt)
+        except StoreUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - a poison batch: show the rest, and say so
+            rt.projector().failed(error, 1)
         views = rt.views
         counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
+        runner = views.runner()
+        tracked = rt.tracked()
     oldest = (
         (health.now - health.oldest_queued_at).total_seconds()
         if health.oldest_queued_at is not None
@@ -50,6 +75,12 @@ def stats(
                 ],
                 "oldest_queued_age_seconds": oldest,
                 "stale_leases": health.stale_leases,
+                "views": {
+                    "position": list(runner.position),
+                    "failed_batches": runner.failures,
+                    "last_error": runner.last_error,
+                },
+                "projections": [tracked_dict(t) for t in tracked],
             }
         )
         return
@@ -57,28 +88,70 @@ def stats(
     for column in ("agent", "status", "count"):
         table.add_column(column)
     for (agent, status), n in counts.items():
-        table.add_row(agent, status, str(n))
+        add_row(table, agent, status, n)
     out.print(table)
     by_reason = Table(title="Ended runs by reason")
     for column in ("status", "reason", "count"):
         by_reason.add_column(column)
     for (status, reason), n in reasons.items():
-        by_reason.add_row(status, reason, str(n))
+        add_row(by_reason, status, reason, n)
     out.print(by_reason)
     out.print(f"oldest queued run: {f'{oldest:.1f} s' if oldest is not None else 'none queued'}")
     out.print(f"expired leases (stale runs awaiting the reaper): {health.stale_leases}")
+    if runner.failures:
+        out.print(
+            f"[red]views stuck[/red]: {runner.failures} batch(es) failed in a row at position "
+            f"{runner.position}; last error: {escape(runner.last_error or '')}",
+            markup=True,
+            highlight=False,
+        )
+    projections = Table(title="Projections")
+    for column in ("projection", "position", "lag (events)", "state"):
+        projections.add_column(column, overflow="fold")
+    for t in tracked:
+        state = "ok"
+        if t.failure is not None:
+            state = (
+                f"stopped at {format_position(t.failure.position)} "
+                f"({t.failure.topic}, run {t.failure.run_id}, {t.failure.attempts} attempt(s)): "
+                f"{t.failure.error}"
+            )
+        add_row(projections, t.name, format_position(t.position), t.lag, state)
+    out.print(projections)
+
+
+def tracked_dict(t: TrackedStatus) -> dict[str, Any]:
+    """A tracked projection's status as JSON-compatible data."""
+    failure = None
+    if t.failure is not None:
+        failure = {
+            "position": format_position(t.failure.position),
+            "run_id": str(t.failure.run_id) if t.failure.run_id else None,
+            "topic": t.failure.topic,
+            "error": t.failure.error,
+            "failed_at": t.failure.failed_at.isoformat() if t.failure.failed_at else None,
+            "attempts": t.failure.attempts,
+        }
+    return {
+        "name": t.name,
+        "position": format_position(t.position),
+        "lag": t.lag,
+        "failure": failure,
+    }
 
 
 @cli.command("dead-letters")
 def dead_letters(
     ctx: typer.Context,
     agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=MAX_LIMIT, help="At most this many.")
+    ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Dead-lettered runs, newest first: reason, failure class, requeues, when."""
     with runtime(ctx) as rt:
-        rt.project()
+        refresh_views(rt)
         rows = rt.views.dead_letters(limit=limit, agent=agent)
     if as_json:
         emit_json(
@@ -96,7 +169,8 @@ def dead_letters(
     for column in ("run", "agent", "reason", "cause", "failure", "requeues", "when"):
         table.add_column(column, overflow="fold")
     for r in rows:
-        table.add_row(
+        add_row(
+            table,
             str(r.run_id),
             r.agent,
             r.reason,
@@ -112,7 +186,7 @@ def dead_letters(
 def audit(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
-    at: Annotated[int, typer.Option("--at", min=1, help="The version to look at.")],
+    at: Annotated[int, typer.Option("--at", min=1, max=2**31 - 1, help="The version to look at.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """A run's state as of any version, replayed from its log, and the events up to it."""
@@ -131,7 +205,7 @@ def audit(
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key, value in state.model_dump(mode="json").items():
-        table.add_row(key, str(value))
+        add_row(table, key, value)
     out.print(table)
     out.print(trail_table(events))
 
@@ -144,15 +218,25 @@ def project(
         typer.Option(
             "--every",
             min=0.05,
+            max=MAX_EVERY_S,
             metavar="SECONDS",
             help="Keep the views up to date, looking every SECONDS.",
         ),
     ] = None,
 ) -> None:
-    """Bring the reporting views up to the log (workers also do this in the background)."""
+    """Bring the reporting views and the app's projections up to the log (workers also do
+    this in the background). A projection that raises stops alone; see `stats`."""
     with runtime(ctx) as rt:
         if every is None:
-            out.print(f"projected {rt.project()} event(s)")
+            failed = False
+            for name, done in rt.project_all().items():
+                if isinstance(done, ProjectionFailed):
+                    failed = True
+                    err.print(f"[bold red]{name}:[/] {done}", highlight=False)
+                else:
+                    out.print(f"{name}: projected {done} event(s)")
+            if failed:
+                raise typer.Exit(1)
             return
         stop = threading.Event()
         stop_on_signals(stop.set)
@@ -163,11 +247,16 @@ def project(
 def rebuild(
     ctx: typer.Context,
     view: Annotated[
-        str, typer.Argument(help="run-index, reporting (summaries, counts, dead letters) or all.")
+        str,
+        typer.Argument(
+            help="run-index, reporting (summaries, counts, dead letters), the name of one of "
+            "the app's projections, or all."
+        ),
     ] = "all",
 ) -> None:
     """Drop views and rebuild them from the event log, with a progress bar. Rebuilding the
-    run index pauses writers for its duration."""
+    run index pauses writers for its duration; a projection's tables are dropped, created
+    again and refolded in batches."""
 
     def describe(name: str) -> str:
         return f"{name} ({'runs' if name == 'run-index' else 'events'})"
@@ -177,18 +266,35 @@ def rebuild(
             done = rt.rebuild(view, progress=progress)
         except ValueError as error:
             fail(str(error), 2)
+        except ProjectionFailed as error:
+            fail(str(error), 1)
     for name, count in done.items():
         out.print(f"rebuilt {name}: {count} {'runs' if name == 'run-index' else 'events'}")
 
 
 @cli.command()
-def verify(ctx: typer.Context) -> None:
-    """Rebuild every view from the log into a scratch copy and report any difference from
-    the live views (exit 1 on drift)."""
+def verify(
+    ctx: typer.Context,
+    view: Annotated[
+        str | None,
+        typer.Argument(
+            help="run-index, reporting, or the name of one of the app's projections "
+            "(default: every view)."
+        ),
+    ] = None,
+) -> None:
+    """Rebuild views from the log into a scratch copy and report any difference from the
+    live ones (exit 1 on drift). A projection is refolded into a private copy of its tables
+    (in memory on SQLite, a scratch schema on PostgreSQL) up to its live position."""
     with runtime(ctx) as rt:
-        problems = rt.verify()
+        try:
+            problems = rt.verify(view)
+        except ValueError as error:
+            fail(str(error), 2)
+        except ProjectionFailed as error:
+            fail(f"cannot rebuild into a scratch copy: {error}", 1)
         for problem in problems:
-            out.print(problem)
+            out.print(inert(problem))
         out.print(f"{len(problems)} difference(s) between the live views and the log")
         if problems:
             raise typer.Exit(1)
@@ -202,12 +308,13 @@ def purge(
         typer.Option(
             "--days",
             min=1,
+            max=MAX_DAYS,
             help="Purge runs created more than N days ago, whatever "
             "their category (overrides every retention window).",
         ),
     ] = None,
     batch: Annotated[
-        int, typer.Option("--batch", min=1, help="Runs removed per transaction.")
+        int, typer.Option("--batch", min=1, max=MAX_LIMIT, help="Runs removed per transaction.")
     ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -240,20 +347,87 @@ def metrics(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
 ) -> None:
     """Prometheus metrics read from the views: runs by agent and status, ended runs by
-    reason, the oldest queued run's age, expired leases."""
-    from prometheus_client import generate_latest, start_http_server
+    reason, the oldest queued run's age, expired leases. Printed once, the views are brought
+    up to date first; served, a scrape only reads them (workers keep them current)."""
+    from prometheus_client import generate_latest
 
     from steptrail.metrics import registry_for
+    from steptrail.metrics import serve as serve_metrics
 
     with runtime(ctx) as rt:
-        registry = registry_for(rt)
         if serve is None:
-            out.file.write(generate_latest(registry).decode("utf-8"))
+            refresh_views(rt)
+            out.file.write(generate_latest(registry_for(rt)).decode("utf-8"))
             return
-        server, thread = start_http_server(serve, addr=host, registry=registry)
-        err.print(f"serving metrics on http://{host}:{serve}/metrics (Ctrl-C to stop)")
+        try:
+            server, thread = serve_metrics(rt, host, serve)
+        except OSError as error:
+            fail(f"cannot serve metrics on {host}:{serve}: {error.strerror or error}", 2)
+        err.print(f"serving metrics on http://{inert(host)}:{serve}/metrics (Ctrl-C to stop)")
         stop = threading.Event()
         stop_on_signals(stop.set)
         stop.wait()
         server.shutdown()
         thread.join(timeout=5)
+
+
+@cli.command()
+def console(
+    ctx: typer.Context,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to listen on. Anything but loopback needs STEPTRAIL_CONSOLE_TOKEN, "
+            "and every request must then carry it.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8765,
+    read_only: Annotated[
+        bool, typer.Option("--read-only", help="Hide and refuse every action.")
+    ] = False,
+    operator: Annotated[
+        str | None,
+        typer.Option(
+            "--operator",
+            help="Name actions are recorded under until a person sets theirs on the page "
+            "(default: console:<your login>).",
+        ),
+    ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", min=1.0, metavar="SECONDS", help="Live refresh period.")
+    ] = 5.0,
+) -> None:
+    """Serve the operator console: runs, a run's trail, the inbox, dead letters and an
+    overview, read from the reporting views and the log; actions (cancel, retry, approve,
+    deny, input) go through the same use cases as these commands, recorded with the
+    operator's name. Needs `pip install 'steptrail[console]'`."""
+    import getpass
+    import os
+
+    try:
+        from steptrail.console import TOKEN_ENV, ConsoleConfig, ConsoleRefused, check_bind, serve
+    except ImportError as error:
+        fail(f"the console needs its extra: pip install 'steptrail[console]' ({error})", 2)
+    token = os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind(host, token)
+    except ConsoleRefused as error:
+        fail(str(error), 2)
+    config = ConsoleConfig(
+        host=host,
+        port=port,
+        read_only=read_only,
+        token=token,
+        operator=operator or f"console:{getpass.getuser()}",
+        poll_seconds=poll,
+    )
+    with runtime(ctx) as rt:
+        where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+        err.print(
+            f"steptrail console on {where}"
+            + (" (send the token: open it with ?token=…)" if token else "")
+            + (" read-only" if read_only else ""),
+            highlight=False,
+        )
+        serve(rt, config)

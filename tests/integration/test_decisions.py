@@ -24,7 +24,8 @@ from steptrail.domain.enums import (
 from steptrail.domain.errors import DigestMismatch, IllegalTransition, InvalidInput
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
-from steptrail.workers.decisions import AlreadyResuming, CorruptResumableState
+from steptrail.workers.decisions import AlreadyResuming
+from steptrail.workers.execute import CorruptResumableState
 from tests.conftest import make_runtime
 
 APPROVE_AT_2 = {"steps": 3, "approval": {"at": 2, "tools": ["send_email"]}}
@@ -233,6 +234,23 @@ def test_corrupt_resumable_state__refused_before_anything_changes(runtime: Runti
     assert names(runtime, run_id) == before
 
 
+def test_queue_resume__calls_altered_after_approval_never_run(runtime: Runtime) -> None:
+    """Calls changed in the database after the approval, before a worker resumes the run,
+    do not run: the worker re-checks the decision's digest and dead-letters the run."""
+    run_id = waiting_run(runtime)
+    runtime.approve(run_id, by="alice", digest=runtime.pending(run_id).digest)
+    altered = {"kind": "approval", "calls": [{"name": "send_email", "arguments": {"to": "eve"}}]}
+    _overwrite_resumable(runtime, run_id, json.dumps(altered).encode())
+    report = runtime.work(burst=True)
+    assert report.outcomes == {"failed": 1}
+    row = runtime.get(run_id)
+    assert (row.status, row.state.reason) == (RunStatus.FAILED, TerminationReason.NOT_RETRYABLE)
+    trail = names(runtime, run_id)
+    assert "EffectPending" not in trail[trail.index("Decided") :]
+    assert runtime.history(run_id)[-1].event.cause == "resumable_state_mismatch"
+    assert runtime.store.saved(run_id, "resumable") is None
+
+
 def _overwrite_resumable(rt: Runtime, run_id: UUID, body: bytes) -> None:
     """Corrupt the saved state directly in the database (what a bad restore might do)."""
     store: Any = rt.store
@@ -262,10 +280,11 @@ SETTLE = st.sampled_from(["complete", "fail", "cancel", "dead_letter"])
     write=st.booleans(),
     settle=SETTLE,
 )
-def test_settle__always_clears_resumable_state_and_saved_request(
+def test_settle__clears_resumable_state_and_keeps_only_a_failed_runs_request(
     store: Any, suspend: bool, decide: str | None, write: bool, settle: str
 ) -> None:
-    """Whatever path a run took, settling it leaves no saved request or resumable state."""
+    """Whatever path a run took, settling it leaves no resumable state, and no saved request
+    unless it failed: a failed run keeps its request for a retry until purge (ADR 0025)."""
     run = Run.enqueue(run_id=uuid.uuid4(), agent="a", request_digest="d", actor="t")
     store.create(run, request=b'{"prompt": "hello"}')
     run = store.claim(holder="w", lease_ms=60_000, agents=["a"]).run
@@ -296,6 +315,7 @@ def test_settle__always_clears_resumable_state_and_saved_request(
     state = store.load(run.id).state
     assert state.status.is_terminal
     assert (state.has_saved_request, state.has_resumable_state) == (False, False)
-    assert store.saved(run.id, "request") is None
+    kept = store.saved(run.id, "request")
+    assert kept == (b'{"prompt": "hello"}' if state.status is RunStatus.FAILED else None)
     assert store.saved(run.id, "resumable") is None
     assert bool(state.pending_effects) is write

@@ -29,27 +29,31 @@ LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE;
 -- name: insert_run
 -- A new run's row, creation event and saved request, unless its idempotency key is taken:
 -- then nothing is inserted and no row comes back (the caller reads the existing run). A
--- queued run wakes idle workers (NOTIFY is delivered at commit).
-WITH new_run AS (
+-- queued run wakes idle workers (NOTIFY is delivered at commit). The instant is read once,
+-- after the statement's table locks (clock_timestamp, not the statement's start: ADR 0016),
+-- and is the event's recorded_at too, so a rebuilt index equals this row.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
         lease_expires_at, available_at, created_at, updated_at
-    ) VALUES (
+    ) SELECT
         %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
         %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
         %(idempotency_key)s, %(doc)s,
         CASE WHEN %(status)s = 'running'
-            THEN now() + %(lease_ms)s::bigint * interval '1 millisecond' END,
+            THEN clock.at + %(lease_ms)s::bigint * interval '1 millisecond' END,
         CASE WHEN %(status)s = 'queued'
-            THEN now() + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-        now(), now()
-    )
+            THEN clock.at + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
+        clock.at, clock.at
+    FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING run_id, status, agent
+    RETURNING run_id, status, agent, created_at
 ), new_event AS (
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
-    SELECT run_id, 1, %(topic)s, %(state)s FROM new_run
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+    SELECT run_id, 1, %(topic)s, %(state)s, created_at FROM new_run
 ), new_request AS (
     INSERT INTO steptrail_saved (run_id, kind, body)
     SELECT run_id, 'request', %(request)s::bytea FROM new_run
@@ -59,9 +63,9 @@ SELECT run_id,
        CASE WHEN status = 'queued' THEN pg_notify('steptrail_queued', agent) END AS woken
 FROM new_run;
 -- name: append
--- See steptrail_append (migration 0005): lock the row and check the version (the fence),
--- then insert the events and the steps' journal entries, maintain saved state and wake
--- workers; one round trip.
+-- See steptrail_append (migrations 0005, 0006): take the locks, then read the clock (ADR
+-- 0016), check the version (the fence), insert the events and the steps' journal entries,
+-- maintain saved state and wake workers; one round trip.
 SELECT steptrail_append(
     %(run_id)s, %(expected)s, %(versions)s, %(topics)s, %(states)s,
     %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s, %(lease_ms)s,
@@ -70,6 +74,14 @@ SELECT steptrail_append(
     %(j_seqs)s::bigint[], %(j_positions)s::integer[], %(j_kinds)s::text[],
     %(j_names)s::text[], %(j_fingerprints)s::text[], %(j_outcomes)s::bytea[]
 );
+
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
+-- its append passes drop_saved = false and runs this in the same transaction instead, which
+-- drops what steptrail_append's drop_saved would have dropped but the request (the journal
+-- goes too, as with any settle; ADR 0013).
+WITH journal AS (DELETE FROM steptrail_journal WHERE run_id = %(run_id)s)
+DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 
 
 
@@ -80,16 +92,27 @@ SELECT steptrail_append(
 -- written, like every writer. The Claimed payload does not depend on the run, so it is
 -- serialised by the caller; the column updates are the Claimed fold (Run.Claimed.apply),
 -- which the rebuild tests check.
-WITH picked AS (
+--
+-- Two instants, on purpose (ADR 0016). Which runs are available is judged at the statement's
+-- start (now()); the lease starts at `clock`, read once when the statement first needs it,
+-- which is after every table lock the statement takes (they are all taken before it runs)
+-- and SKIP LOCKED never waits on a row: a claim that queued behind a rebuild still gets a
+-- whole lease. Judging availability at the start is also what keeps a multi-row claim's
+-- events in reading order (ADR 0018): a row re-checked after somebody changed it passes
+-- only if it is still queued and was available before this statement began, and every
+-- change to a queued run either leaves it not queued or makes it available later than that.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), picked AS (
     SELECT run_id, version FROM steptrail_runs
     WHERE status = 'queued' AND available_at <= now() AND agent = ANY(%(agents)s::text[])
     ORDER BY available_at, run_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed_event AS (
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
-    SELECT run_id, version + 1, %(topic)s, %(state)s FROM picked
-    RETURNING originator_id, originator_version
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+    SELECT run_id, version + 1, %(topic)s, %(state)s, clock.at FROM picked, clock
+    RETURNING originator_id, originator_version, recorded_at
 ), claimed AS (
     UPDATE steptrail_runs AS r SET
         status = 'running',
@@ -98,9 +121,9 @@ WITH picked AS (
         holder = %(holder)s,
         lease_ms = %(lease_ms)s,
         claim_version = e.originator_version,
-        lease_expires_at = now() + %(lease_ms)s::bigint * interval '1 millisecond',
+        lease_expires_at = e.recorded_at + %(lease_ms)s::bigint * interval '1 millisecond',
         available_at = NULL,
-        updated_at = now()
+        updated_at = e.recorded_at
     FROM claimed_event AS e
     WHERE r.run_id = e.originator_id
     RETURNING r.*
@@ -123,11 +146,21 @@ SELECT body FROM steptrail_saved WHERE run_id = %(run_id)s AND kind = %(kind)s;
 SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
 WHERE run_id = %(run_id)s ORDER BY seq;
 
+-- name: lock_for_reaper
+-- The reaper judges staleness only after every write already queued has landed (ADR 0016).
+-- SHARE conflicts with the ROW EXCLUSIVE every writer holds from its first statement: the
+-- scan waits for writers in flight, and a renewal that sat behind a rebuild or a LOCK TABLE
+-- is ahead of the reaper in the lock queue, so it commits its new lease before the reaper
+-- looks. Held for the scan only (milliseconds); new writers wait that long.
+LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
+
 -- name: select_stale
 -- Only running runs whose lease expired by the store's clock, oldest deadline first; the
 -- partial index on lease_expires_at makes this proportional to the stale runs returned.
+-- statement_timestamp(): this statement starts after lock_for_reaper was granted, and
+-- unlike clock_timestamp() it is stable, so the lease index can answer the comparison.
 SELECT * FROM steptrail_runs
-WHERE status = 'running' AND lease_expires_at < now()
+WHERE status = 'running' AND lease_expires_at < statement_timestamp()
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
 
@@ -152,8 +185,24 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC, run_id
 LIMIT %(limit)s;
 
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs
+WHERE status = 'failed'
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+  AND updated_at >= %(since)s
+ORDER BY updated_at, run_id
+LIMIT %(limit)s;
+
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
+
+-- name: snapshot_for_verify
+-- `verify` compares the index with the log: both must come from one snapshot, or a write
+-- landing between the two reads looks like drift. First statement of its transaction.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: delete_all_runs
 DELETE FROM steptrail_runs;
@@ -187,10 +236,20 @@ ON CONFLICT (projection) DO NOTHING;
 SELECT position, position_tx FROM steptrail_tracking
 WHERE projection = %(projection)s FOR UPDATE;
 -- name: select_tracking
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = %(projection)s;
--- name: update_tracking
-UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
 WHERE projection = %(projection)s;
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s,
+    failures = 0, last_error = NULL
+WHERE projection = %(projection)s;
+-- name: record_view_failure
+-- A batch that failed (rolled back) is counted here in a transaction of its own, so an
+-- operator sees a runner that keeps failing (`steptrail stats`, metrics); the next batch that
+-- commits clears it.
+INSERT INTO steptrail_tracking (projection, position, failures, last_error)
+VALUES (%(projection)s, 0, 1, %(error)s)
+ON CONFLICT (projection) DO UPDATE
+SET failures = steptrail_tracking.failures + 1, last_error = EXCLUDED.last_error;
 -- name: select_notifications
 -- The log in commit-safe order (ADR 0012). Without a global lock a lower notification id can
 -- commit after a higher one, so the log is read by (inserting transaction, id), and only
@@ -276,21 +335,34 @@ SELECT
 
 -- name: count_purgeable
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[]);
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND NOT (status = 'running' AND lease_expires_at >= now());
+
+-- name: select_live_purgeable
+-- Runs in the window that a worker holds under a live lease: never purged (a write tool in
+-- flight would lose its marker), reported as skipped.
+SELECT run_id FROM steptrail_runs
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND status = 'running' AND lease_expires_at >= now()
+ORDER BY created_at, run_id;
 
 -- name: select_purgeable
 -- Oldest first, each row locked: a writer of one of these runs waits, then finds it gone
 -- (its append fails like any fenced append). A row whose status changed meanwhile is
--- re-checked against the condition and skipped if it no longer matches.
+-- re-checked against the condition and skipped if it no longer matches. A run held under a
+-- live lease is never purged: a renewal that landed while we waited for the row makes the
+-- re-check fail.
 SELECT run_id FROM steptrail_runs
 WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND NOT (status = 'running' AND lease_expires_at >= now())
 ORDER BY created_at, run_id
 LIMIT %(limit)s
 FOR UPDATE;
 -- name: purge_runs
 -- Everything that holds anything of these runs, in one transaction: the views (counts first,
 -- from the summaries the views themselves hold), the saved state, the log, the index; then
--- the tombstones. The caller holds the runs' rows and the reporting runner's tracking row.
+-- the tombstones, and where each purged event stood in the log (for the feed, ADR 0029). The
+-- caller holds the runs' rows and the reporting runner's tracking row.
 UPDATE steptrail_view_status_counts AS c SET count = c.count - d.n
 FROM (
     SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries
@@ -301,6 +373,10 @@ DELETE FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_view_dead_letters WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_saved WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_journal WHERE run_id = ANY(%(ids)s::uuid[]);
+INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
+SELECT tx_id, notification_id, originator_id, originator_version, now() FROM steptrail_events
+WHERE originator_id = ANY(%(ids)s::uuid[])
+ON CONFLICT DO NOTHING;
 DELETE FROM steptrail_events WHERE originator_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)
@@ -309,3 +385,148 @@ ON CONFLICT (run_id) DO NOTHING;
 
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
+
+-- name: after_purge
+-- Deleted rows stay in the table files until VACUUM marks their space reusable; do it now
+-- for the tables a purge touches (plain VACUUM: writers are not blocked). It cannot run in a
+-- transaction, so it runs on an autocommit connection. Old row versions may also stay in
+-- the WAL and its archives; see README "Retention" for what an operator must do.
+VACUUM steptrail_events, steptrail_runs, steptrail_saved,
+    steptrail_view_run_summaries, steptrail_view_dead_letters;
+
+-- name: select_feed
+-- The event feed (ADR 0029): the log in the views' order and under their visibility rule
+-- (select_notifications), merged with the positions of purged events, so a consumer passing
+-- a purged position is told so. One statement, so one snapshot: a purge committing meanwhile
+-- shows each position either as its event or as its marker, never neither. Each arm takes
+-- its first `limit` rows by index, so only 2 x limit rows are ever sorted.
+(SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+        recorded_at, topic, state, NULL::timestamptz AS purged_at
+ FROM steptrail_events
+ WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY tx_id, notification_id
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+ FROM steptrail_purged_events
+ WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY position_tx, position
+ LIMIT %(limit)s)
+ORDER BY tx_id, notification_id
+LIMIT %(limit)s;
+
+-- name: count_after
+-- How far a reader at this position is behind the log (the lag metric).
+SELECT count(*) AS n FROM steptrail_events
+WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint);
+
+-- name: select_all_tracking
+SELECT projection, position_tx, position FROM steptrail_tracking ORDER BY projection;
+
+-- name: select_failures
+SELECT * FROM steptrail_projection_failures ORDER BY projection;
+
+-- name: record_failure
+-- A projection's batch raised (and rolled back); its position is where it stands still.
+INSERT INTO steptrail_projection_failures AS f (
+    projection, position_tx, position, run_id, topic, error, failed_at, attempts
+) VALUES (
+    %(projection)s, %(position_tx)s, %(position)s, %(run_id)s, %(topic)s, %(error)s, now(), 1
+)
+ON CONFLICT (projection) DO UPDATE SET
+    position_tx = EXCLUDED.position_tx, position = EXCLUDED.position,
+    run_id = EXCLUDED.run_id, topic = EXCLUDED.topic, error = EXCLUDED.error,
+    failed_at = EXCLUDED.failed_at, attempts = f.attempts + 1;
+
+-- name: clear_failure
+DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: rewind_tracking
+-- A user projection's rebuild: back to the start, failure forgotten (its tables are dropped
+-- and created again in the same transaction).
+INSERT INTO steptrail_tracking (projection, position) VALUES (%(projection)s, 0)
+ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
+DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: run_head_position
+-- Where a run's latest event stands in the log (for waiting until a projection has it).
+SELECT tx_id, notification_id FROM steptrail_events
+WHERE originator_id = %(run_id)s
+ORDER BY originator_version DESC
+LIMIT 1;
+-- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
+-- run_id) < the last row of the previous page (the first page passes a key above every
+-- row), so a page costs the same at the millionth run as at the first. One query per
+-- filter that drives the index walk; the other filters are checked on the rows walked.
+
+-- name: runs_page_all
+SELECT * FROM steptrail_view_run_summaries
+WHERE (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_status
+SELECT * FROM steptrail_view_run_summaries
+WHERE status = %(status)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_agent
+SELECT * FROM steptrail_view_run_summaries
+WHERE agent = %(agent)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_agent_status
+SELECT * FROM steptrail_view_run_summaries
+WHERE agent = %(agent)s AND status = %(status)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_reason
+SELECT * FROM steptrail_view_run_summaries
+WHERE reason = %(reason)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: dead_letters_open
+-- The console's dead letters: those still failed (a retried run leaves this list; its row
+-- in the view stays, as the record that it was dead-lettered once).
+SELECT d.* FROM steptrail_view_dead_letters AS d
+JOIN steptrail_view_run_summaries AS s ON s.run_id = d.run_id AND s.status = 'failed'
+WHERE (%(agent)s::text IS NULL OR d.agent = %(agent)s)
+ORDER BY d.dead_lettered_at DESC, d.run_id
+LIMIT %(limit)s;
+
+-- name: throughput_by_minute
+-- Runs that ended per minute and status since %(since)s, for the overview chart.
+SELECT floor(extract(epoch FROM ended_at) / 60)::bigint AS minute, status, count(*) AS n
+FROM steptrail_view_run_summaries
+WHERE ended_at IS NOT NULL AND ended_at >= %(since)s
+GROUP BY minute, status
+ORDER BY minute;
+
+-- name: recent_step_durations
+-- The newest step records of the log, for the step-duration percentiles: a bounded walk
+-- back along the notification id, whatever the log's size.
+SELECT recorded_at, state FROM steptrail_events
+WHERE topic = 'steptrail.Run.StepRecorded'
+ORDER BY notification_id DESC
+LIMIT %(limit)s;
