@@ -38,6 +38,7 @@ class Gate:
 
 def traced_app(gate: Gate) -> App:
     app = App()
+    app.tool("publish", effect="non_idempotent_write")  # declared: its name is metadata
 
     @app.agent("traced")
     def traced(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
