@@ -156,6 +156,9 @@ class SQLiteRunStore(ClaimsOne):
         )
         _cache_statements(self.datastore.pool)
         self.q = queries(self.backend)
+        # Microseconds added to the host's clock; only the testing kit's time skipping sets
+        # it (steptrail.testing, ADR 0034). Production never does: it reads the host's clock.
+        self.clock_offset_us = 0
         self._lock_fd: int | None = None
         if not self.db_name.startswith("file:"):
             self._lock_fd = os.open(f"{self.db_name}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -169,6 +172,10 @@ class SQLiteRunStore(ClaimsOne):
             raise
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def now_us(self) -> int:
+        """The store's clock: the host's, plus the testing kit's skipped time (if any)."""
+        return now_us() + self.clock_offset_us
 
     @contextmanager
     def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
@@ -188,7 +195,7 @@ class SQLiteRunStore(ClaimsOne):
                 _configure(conn, cur)
                 cur.execute("BEGIN IMMEDIATE")
                 try:
-                    yield cur, now_us()
+                    yield cur, self.now_us()
                     conn.commit()
                 except BaseException:
                     with suppress(sqlite3.Error):
@@ -400,7 +407,7 @@ class SQLiteRunStore(ClaimsOne):
 
     def stale(self, limit: int) -> list[Run]:
         with self._read() as cur:
-            cur.execute(self.q["select_stale"], {"now": now_us(), "limit": limit})
+            cur.execute(self.q["select_stale"], {"now": self.now_us(), "limit": limit})
             return [run_from_row(r) for r in cur.fetchall()]
 
     def history(self, run_id: UUID) -> list[RecordedEvent]:
@@ -478,7 +485,7 @@ class SQLiteRunStore(ClaimsOne):
         return params
 
     def store_now(self) -> datetime:
-        return to_datetime(now_us()) or datetime.now(UTC)
+        return to_datetime(self.now_us()) or datetime.now(UTC)
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -548,9 +555,8 @@ class SQLiteRunStore(ClaimsOne):
     def db_json(value: Any) -> Any:
         return json.dumps(value, separators=(",", ":"))
 
-    @staticmethod
-    def db_now() -> Any:
-        return now_us()
+    def db_now(self) -> Any:
+        return self.now_us()
 
     # -- waking idle workers -------------------------------------------------------------------
 

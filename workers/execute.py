@@ -49,6 +49,9 @@ class ExecutionConfig:
 class Executor:
     """Runs claimed (or started, or resumed) segments to their outcome."""
 
+    # The context an agent gets; the testing kit substitutes one that injects faults.
+    context_class: type[RunContext] = RunContext
+
     def __init__(
         self,
         store: RunStore,
@@ -80,7 +83,7 @@ class Executor:
         segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
         # A run that recorded no step has no journal: a fresh claim costs no extra read.
         journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
-        ctx = RunContext(
+        ctx = self.context_class(
             segment,
             request=request,
             privacy=privacy,

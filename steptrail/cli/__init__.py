@@ -13,7 +13,7 @@ from steptrail.cli.app import cli
 __all__ = ["cli", "main"]
 
 # Registration order is the order `--help` lists the commands in.
-for _module in ("runs", "people", "views"):
+for _module in ("runs", "people", "views", "checks"):
     importlib.import_module(f"steptrail.cli.{_module}")
 
 
