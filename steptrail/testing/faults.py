@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -131,10 +132,8 @@ class FaultPlan:
             current.reclaim(actor=FAULT_ACTOR)
         except IllegalTransition:
             current.renew_lease()
-        try:
+        with suppress(VersionConflict):  # somebody moved it on: the lease is lost either way
             self._store.append(current)
-        except VersionConflict:
-            pass  # somebody moved it on already: the lease is lost either way
 
 
 class FaultyContext(RunContext):

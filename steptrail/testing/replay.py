@@ -215,7 +215,7 @@ def replay_check(
     statuses = [RunStatus(status)] if status else list(IN_FLIGHT)
     app = app or runtime.app
     store = cast(RunStore, runtime.store)
-    verdicts = []
+    verdicts: list[ReplayVerdict] = []
     for wanted in statuses:
         for row in runtime.runs(status=wanted, limit=limit - len(verdicts)):
             run = store.load(row.run_id)
