@@ -6,10 +6,11 @@ faults, decide at suspensions, and look at what happened (ADR 0034).
     assert result.status is RunStatus.COMPLETED
 
 Time skipping moves the store's clock, not the host's: a retry delay, a lease expiry or a
-retention window passes in no wall time, and the reaper and purge see it. It works on
-SQLite (the store's clock is Python's, with an offset only the kit sets); on PostgreSQL the
-clock is the server's `now()`, so `skip()` raises `TimeSkippingUnsupported` and
-`run_to_end` waits out delays and leases in real time instead.
+retention window passes in no wall time, and the reaper and purge see it. On SQLite the
+store's clock is Python's, plus an offset only the kit sets; on PostgreSQL it is the
+server's `now()`, which the kit can skip only in a database it created (`pgclock`): on any
+other, `skip()` raises `TimeSkippingUnsupported` and `run_to_end` waits out delays and leases
+in real time instead.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from steptrail.domain.run import Run
 from steptrail.infrastructure.sqlite import SQLiteRunStore
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import Runtime
+from steptrail.testing import pgclock
 from steptrail.testing.faults import Fault, FaultPlan, FusedStore, SimulatedCrash, context_for
 from steptrail.workers.decisions import PendingDecision
 from steptrail.workers.execute import Executor, SegmentResult, decode_request, resumable_of
@@ -95,6 +97,7 @@ class Kit:
     def __init__(self, runtime: Runtime, *, max_segments: int = 50) -> None:
         self.runtime = runtime
         self.max_segments = max_segments
+        self._pg_clock: bool | None = None
 
     @property
     def store(self) -> RunStore:
@@ -104,22 +107,32 @@ class Kit:
 
     @property
     def can_skip_time(self) -> bool:
-        return isinstance(self.runtime.store, SQLiteRunStore)
+        """SQLite: always. PostgreSQL: in a database the kit created (see pgclock)."""
+        store = self.runtime.store
+        if isinstance(store, SQLiteRunStore):
+            return True
+        if self._pg_clock is None:
+            self._pg_clock = pgclock.installed(store.url)
+        return self._pg_clock
 
     def skip(self, seconds: float) -> None:
         """Move the store's clock `seconds` forward (never back), without sleeping.
 
         Raises:
-            TimeSkippingUnsupported: on PostgreSQL.
+            TimeSkippingUnsupported: a PostgreSQL database the kit did not create.
         """
         if seconds < 0:
             raise ValueError("time only moves forward")
         store = self.runtime.store
-        if not isinstance(store, SQLiteRunStore):
+        if isinstance(store, SQLiteRunStore):
+            store.clock_offset_us += round(seconds * 1_000_000)
+            return
+        if not self.can_skip_time:
             raise TimeSkippingUnsupported(
-                "time skipping needs the SQLite store; PostgreSQL reads the server's clock"
+                "this PostgreSQL database reads the server's clock: time skipping needs one "
+                "created by the testing kit (the steptrail_database_url fixture)"
             )
-        store.clock_offset_us += round(seconds * 1_000_000)
+        pgclock.skip(store.url, seconds)
 
     def now(self) -> datetime:
         """The store's clock, skipped time included."""

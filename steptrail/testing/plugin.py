@@ -8,14 +8,13 @@ in every pytest session, and only a test that asks for one gets a database.
 * `steptrail_settings`: settings overrides for the runtime (a dict; override to change).
 * `steptrail_database_url`: a fresh database per test: SQLite in the test's tmp_path, or,
   with `--steptrail-database-url URL` / `STEPTRAIL_TEST_DATABASE_URL` pointing at a
-  PostgreSQL server, a new database on it, dropped after the test.
+  PostgreSQL server, a new database on it (with a clock the kit can skip), dropped after.
 * `steptrail_runtime`: a `Runtime` on that database; `steptrail_kit`: a `Kit` driving it.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,17 +67,10 @@ def steptrail_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> It
         return
     if not server.startswith(("postgresql://", "postgres://")):
         raise pytest.UsageError(f"--steptrail-database-url must be a PostgreSQL URL: {server}")
-    import psycopg
+    from steptrail.testing.pgclock import fresh_database
 
-    name = f"steptrail_kit_{uuid.uuid4().hex[:16]}"
-    base, _, _ = server.rpartition("/")
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(server) as url:
+        yield url
 
 
 @pytest.fixture

@@ -123,13 +123,14 @@ def test_run_to_end__no_decision_leaves_it_waiting_with_its_journal(steptrail_ki
 
 
 def test_skip__refused_on_postgres(steptrail_kit: Kit, backend: str) -> None:
-    """PostgreSQL's clock is the server's: skip() says so instead of pretending."""
+    """A PostgreSQL database the kit did not create reads the server's clock: skip() says so
+    instead of pretending."""
     if backend == "sqlite":
         before = steptrail_kit.now()
         steptrail_kit.skip(10)
         assert (steptrail_kit.now() - before).total_seconds() >= 10
         return
-    with pytest.raises(TimeSkippingUnsupported, match="PostgreSQL"):
+    with pytest.raises(TimeSkippingUnsupported, match="server's clock"):
         steptrail_kit.skip(10)
 
 

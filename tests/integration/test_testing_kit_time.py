@@ -1,9 +1,12 @@
-"""Time skipping through the plugin's defaults: a fresh SQLite database per test, the
-production retry ladder (30 s · 2^n) and lease, no sleeping."""
+"""Time skipping through the plugin's own databases: a fresh SQLite file, or a fresh
+PostgreSQL database with the kit's clock, per test; the production retry ladder
+(30 s · 2^n) and lease; no sleeping."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,12 +14,25 @@ from steptrail import App
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.run import Run
 from steptrail.testing import Kit
+from steptrail.testing.pgclock import fresh_database
+from tests.conftest import PG_ADMIN_URL
 from tests.integration.test_testing_kit import CALLS, booking_app, ladder_app
 
 
 @pytest.fixture(autouse=True)
 def fresh_counters() -> None:
     CALLS.clear()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def steptrail_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """What the plugin gives a test: SQLite by default, PostgreSQL when pointed at a server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'steptrail.db'}"
+        return
+    request.getfixturevalue("pg_database")  # PostgreSQL must be reachable (fails under CI)
+    with fresh_database(PG_ADMIN_URL) as url:
+        yield url
 
 
 @pytest.fixture
