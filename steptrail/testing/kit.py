@@ -173,8 +173,10 @@ class Kit:
         decide: Decide = None,
         faults: Iterable[Fault] = (),
         by: str = "test",
+        stop_after: int | None = None,
     ) -> RunResult:
-        """Execute `run_id` here until it ends, or waits for a person nobody decides for.
+        """Execute `run_id` here until it ends, or waits for a person nobody decides for
+        (or, with `stop_after`, once that many segments of it ran).
 
         Retry delays and expired leases are skipped (SQLite) or waited out (PostgreSQL);
         a crashed segment's run is reclaimed by the reaper once its lease expired. At each
@@ -209,6 +211,8 @@ class Kit:
                     continue
                 if segment is not None:
                     segments.append(segment)
+                    if stop_after is not None and len(segments) >= stop_after:
+                        break
             else:
                 raise RuntimeError(f"run {run_id} did not end within {self.max_segments} segments")
         finally:

@@ -30,7 +30,7 @@ CALLS: Counter[str] = Counter()
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def booking_app(*, nights_step: str = "nights") -> App:
+def booking_app(*, nights_step: str = "nights", currency: str | None = None) -> App:
     """An agent that looks up a price, asks approval to book, and books (a write)."""
     app = App()
     app.tool("price", effect=Effect.READ_ONLY)
@@ -44,10 +44,11 @@ def booking_app(*, nights_step: str = "nights") -> App:
 
         nights = ctx.step("think", nights_step, lambda: count("nights", 2))
         price = ctx.tool("price", lambda: count("price", 100 * nights), arguments={"n": nights})
-        decision = ctx.request_approval(
-            [{"name": "book", "arguments": {"city": request["city"], "price": price}}]
-        )
-        results = ctx.run_pending({"book": lambda city, price: count("book", f"booked {city}")})
+        arguments = {"city": request["city"], "price": price}
+        if currency is not None:
+            arguments["currency"] = currency
+        decision = ctx.request_approval([{"name": "book", "arguments": arguments}])
+        results = ctx.run_pending({"book": lambda city, **_: count("book", f"booked {city}")})
         return {"approved": decision.approved, "results": [r.value or r.error for r in results]}
 
     return app
@@ -244,3 +245,22 @@ def test_fixture_file__saved_run_replays_without_a_database(
     assert replay_fixture(booking_app(), path).verdict == "ok"
     assert replay_fixture(booking_app(nights_step="other"), path).verdict == "non_deterministic"
     assert CALLS == {}
+
+
+def test_replay_check__flags_a_changed_approval_request(steptrail_kit: Kit) -> None:
+    """Same steps but other pending calls than the waiting run's: the decision would not
+    match on resume, so the run is flagged at the approval's position."""
+    steptrail_kit.run_to_end("booking", {"city": "Oslo"})
+    [verdict] = replay_check(steptrail_kit.runtime, booking_app(currency="NOK"))
+    assert verdict.verdict == "non_deterministic"
+    assert verdict.position == 3
+    assert "decision 'approval'" in (verdict.expected or "")
+
+
+def test_replay_check__a_run_queued_for_retry_is_checked(steptrail_kit: Kit) -> None:
+    """A run requeued after a failure keeps its journal and is checked too."""
+    run_id = steptrail_kit.enqueue("booking", {"city": "Oslo"})
+    steptrail_kit.drive(run_id, faults=[fail_at(2, "server_error")], stop_after=1)
+    assert steptrail_kit.runtime.get(run_id).status is RunStatus.QUEUED
+    [verdict] = replay_check(steptrail_kit.runtime, booking_app(nights_step="x"), status="queued")
+    assert (verdict.verdict, verdict.position) == ("non_deterministic", 1)
