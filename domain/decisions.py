@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 
-from steptrail.domain.digest import digest
+from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import WaitKind
 from steptrail.domain.errors import InvalidInput
+from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 
 DENIED = "denied by the operator"
 
@@ -56,20 +56,16 @@ def state_digest(state: ResumableState) -> str:
     return digest({"input_schema": state.input_schema, "prompt": state.prompt})
 
 
-def validate_input(schema: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The declared keys of `values`, once they satisfy `schema` (a JSON Schema object).
+def check_input_bounds(values: Mapping[str, Any], max_bytes: int) -> None:
+    """Refuse input too deep or too large to store, before anything else looks at it.
 
     Raises:
-        InvalidInput: the values do not satisfy the schema (nothing may change then).
+        InvalidInput: naming the limit.
     """
     try:
-        jsonschema.validate(dict(values), dict(schema))
-    except jsonschema.ValidationError as error:
-        where = "/".join(str(p) for p in error.absolute_path) or "input"
-        raise InvalidInput(f"{where}: {error.message}") from None
-    except jsonschema.SchemaError as error:
-        raise InvalidInput(f"the run declared an invalid schema: {error.message}") from None
-    declared = schema.get("properties")
-    if isinstance(declared, Mapping):
-        return {k: v for k, v in values.items() if k in declared}
-    return dict(values)
+        check_depth(values, "the input")
+        check_size(len(canonical_json(dict(values))), max_bytes, "the input")
+    except PayloadRejected as error:
+        raise InvalidInput(str(error)) from None
+    except (TypeError, ValueError) as error:
+        raise InvalidInput(f"the input is not JSON: {error}") from None

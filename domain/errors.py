@@ -33,3 +33,15 @@ class StoreUnavailable(DomainError):
 
 class UnknownRun(DomainError):
     """No run has that id."""
+
+
+class UnreadableEvent(DomainError):
+    """A stored event cannot be decoded; the message names its run and version.
+
+    Readers report it and go on where they can (the projection runner retries later, `show`
+    names the event); nothing is skipped silently.
+    """
+
+
+class InvalidActor(DomainError):
+    """A name given as who acted (`--by`) is not an acceptable actor name; nothing changed."""

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from steptrail.domain.digest import digest
 from steptrail.domain.enums import PrivacyLevel
 
 # Keys whose values are content: messages sent, content, thinking, requested tool calls, raw
@@ -129,12 +130,29 @@ def _count(value: Any) -> int:
     return 0 if value is None else 1
 
 
-def _tool_names(calls: Any) -> list[str]:
+def tool_label(name: str, level: PrivacyLevel | str, declared: frozenset[str] | None) -> str:
+    """How a tool's name appears in the log and in log lines (ADR 0019).
+
+    A name the app declared (`app.tool(...)`) is the code's vocabulary and is kept at every
+    level. Any other name may have been chosen by a request, so it is free text: at `none`
+    and `metadata` it becomes `undeclared:<first 12 hex of its SHA-256>` (the same name always
+    gives the same label, so runs can still be grouped by it); at `redacted` its secrets are
+    masked; at `full` it is kept. `declared=None` means every name counts as declared.
+    """
+    level = PrivacyLevel.parse(level)
+    if declared is None or name in declared or level is PrivacyLevel.FULL:
+        return name
+    if level is PrivacyLevel.REDACTED:
+        return redact_string(name)
+    return "undeclared:" + digest(name).removeprefix("sha256:")[:12]
+
+
+def _tool_names(calls: Any, level: PrivacyLevel, declared: frozenset[str] | None) -> list[str]:
     items = calls if isinstance(calls, (list, tuple)) else [calls]
     names = []
     for call in items:
         name = call.get("name") if isinstance(call, Mapping) else None
-        names.append(name if isinstance(name, str) else "?")
+        names.append(tool_label(name, level, declared) if isinstance(name, str) else "?")
     return names
 
 
@@ -147,8 +165,12 @@ def _artifact_types(artifacts: Any) -> list[str]:
     return kinds
 
 
-def _summarise(payload: Mapping[str, Any]) -> dict[str, Any]:
+def _summarise(
+    payload: Mapping[str, Any], level: PrivacyLevel, declared: frozenset[str] | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {k: payload[k] for k in payload if k in METADATA_KEYS}
+    if isinstance(out.get("tool"), str):
+        out["tool"] = tool_label(out["tool"], level, declared)
     out["content_redacted"] = True
     if "messages" in payload:
         out["messages_sent_count"] = _count(payload["messages"])
@@ -157,7 +179,7 @@ def _summarise(payload: Mapping[str, Any]) -> dict[str, Any]:
     if "thinking" in payload:
         out["thinking_length"] = _length(payload["thinking"])
     if "tool_calls" in payload:
-        out["requested_tool_names"] = _tool_names(payload["tool_calls"])
+        out["requested_tool_names"] = _tool_names(payload["tool_calls"], level, declared)
     if "raw" in payload:
         out["raw_length"] = _length(payload["raw"])
     if "arguments" in payload:
@@ -173,8 +195,17 @@ def _summarise(payload: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def filter_payload(payload: Mapping[str, Any], level: PrivacyLevel | str) -> dict[str, Any]:
-    """The part of `payload` that level `level` lets into the per-step log."""
+def filter_payload(
+    payload: Mapping[str, Any],
+    level: PrivacyLevel | str,
+    *,
+    declared_tools: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """The part of `payload` that level `level` lets into the per-step log.
+
+    `declared_tools`: the tool names the app declared; other names in `tool` and in
+    requested tool calls are labelled by `tool_label` at `none`/`metadata`.
+    """
     level = PrivacyLevel.parse(level)
     if level is PrivacyLevel.FULL:
         return dict(payload)
@@ -187,5 +218,29 @@ def filter_payload(payload: Mapping[str, Any], level: PrivacyLevel | str) -> dic
     # What survives at metadata is meant to describe, not reveal; but any string in it (a
     # model name, a requested tool's name, an artifact type) could still carry an address or
     # a secret, so every one of them is masked, however deeply nested.
-    masked: dict[str, Any] = _mask(_summarise(payload))
+    masked: dict[str, Any] = _mask(_summarise(payload, level, declared_tools))
     return masked
+
+
+def filter_schema(schema: Mapping[str, Any] | None, level: PrivacyLevel | str) -> Any:
+    """What of a declared input schema the log may keep (the `Suspended` event, the run's
+    waiting state); the schema itself is kept verbatim only in the saved resumable state.
+
+    At `full`, the schema; at `redacted`, the schema with every string masked and cut; at
+    `none`/`metadata`, only its digest and its property names (masked), since titles,
+    descriptions, examples, defaults and enums are free text (ADR 0019).
+    """
+    if schema is None:
+        return None
+    level = PrivacyLevel.parse(level)
+    if level is PrivacyLevel.FULL:
+        return dict(schema)
+    if level is PrivacyLevel.REDACTED:
+        return _redact(schema)
+    properties = schema.get("properties")
+    names = sorted(str(k) for k in properties) if isinstance(properties, Mapping) else []
+    return {
+        "content_redacted": True,
+        "schema_digest": digest(dict(schema)),
+        "properties": [mask_secrets(n) for n in names],
+    }

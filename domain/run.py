@@ -586,6 +586,16 @@ class Run:
         self._pending_journal.clear()
         self._committed_version = self._state.version
 
+    def mark_committed_first(self, count: int) -> None:
+        """The store recorded the first `count` pending events (an earlier append whose
+        reply was lost turned out to have landed); the rest stay pending."""
+        if not 0 <= count <= len(self._pending):
+            raise ValueError("count must be between 0 and the number of pending events")
+        landed = {e.seq for e in self._pending[:count] if isinstance(e, Run.StepRecorded)}
+        self._pending_journal = [(q, j) for q, j in self._pending_journal if q not in landed]
+        del self._pending[:count]
+        self._committed_version += count
+
     # -- commands ------------------------------------------------------------------------------
 
     def claim(self, *, holder: str, lease_ms: int) -> None:

@@ -3,14 +3,29 @@
 An event is stored as its stable topic plus the JSON of its payload. A payload written by an
 older class version carries `"_v"`, and is upcast before it is validated; the current version
 omits it, which keeps the common case a single `model_validate_json` call.
+
+Reading survives a bad row (ADR 0019). Since 0.2 nothing deeper than `MAX_DEPTH` levels is
+written, but logs written before may hold step payloads nested deeper than pydantic-core's
+JSON parser accepts (200 levels). Such an event is decoded by the standard library instead and
+its content cut at `MAX_DEPTH` levels (a marker string stands in for what was deeper), with a
+warning naming the run and version: the event's own fields, which is all a fold reads, are
+intact. Anything still unreadable raises `UnreadableEvent` naming the run and version.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from steptrail.domain.errors import UnreadableEvent
+from steptrail.domain.limits import MAX_DEPTH
 from steptrail.domain.run import EVENT_TYPES, RunEvent
+from steptrail.infrastructure.logging import steptrail_logger
+
+CLIPPED = f"…[nested deeper than {MAX_DEPTH} levels: not shown]"
 
 
 class UnknownTopic(LookupError):
@@ -28,16 +43,61 @@ def encode_event(event: RunEvent) -> tuple[str, bytes]:
     return cls.TOPIC, body
 
 
-def decode_event(topic: str, state: bytes) -> RunEvent:
-    """The event a stored (topic, state) pair describes, upcast to its current version."""
+def decode_event(topic: str, state: bytes, *, where: str = "an event") -> RunEvent:
+    """The event a stored (topic, state) pair describes, upcast to its current version.
+
+    Args:
+        where: how to name the row in a report, e.g. "event 5 of run <id>".
+
+    Raises:
+        UnknownTopic: a topic this version does not know.
+        UnreadableEvent: the payload cannot be decoded even with its content cut.
+    """
     try:
         cls = EVENT_TYPES[topic]
     except KeyError:
         raise UnknownTopic(topic) from None
-    if cls.VERSION == 1 and b'"_v"' not in state:
-        return cls.model_validate_json(state)
-    data: dict[str, Any] = json.loads(state)
+    try:
+        if cls.VERSION == 1 and b'"_v"' not in state:
+            return cls.model_validate_json(state)
+        return _validate(cls, json.loads(state))
+    except (ValidationError, ValueError, RecursionError) as error:
+        fast_error = _reason(error)
+    try:
+        data = json.loads(state)
+    except (ValueError, RecursionError):
+        raise UnreadableEvent(f"{where} cannot be read: {fast_error}") from None
+    clipped = _clip(data, 0)
+    try:
+        event = _validate(cls, clipped)
+    except (ValidationError, ValueError, RecursionError) as error:
+        raise UnreadableEvent(f"{where} cannot be read: {_reason(error)}") from None
+    steptrail_logger().warning("event_content_clipped", where=where, reason=fast_error)
+    return event
+
+
+def _reason(error: Exception) -> str:
+    # pydantic quotes the start of the input after " [type="; that is content, keep it out.
+    lines = str(error).splitlines()
+    text = lines[1] if isinstance(error, ValidationError) and len(lines) > 1 else lines[0]
+    return text.split(" [type=")[0].strip()[:200]
+
+
+def _validate(cls: type[RunEvent], data: dict[str, Any]) -> RunEvent:
     version = int(data.pop("_v", 1))
     if version != cls.VERSION:
         data = cls.upcast(data, version)
     return cls.model_validate(data)
+
+
+def _clip(value: Any, level: int) -> Any:
+    # Recursion is bounded: it stops at MAX_DEPTH whatever the input's depth.
+    if isinstance(value, Mapping):
+        if level >= MAX_DEPTH:
+            return CLIPPED
+        return {k: _clip(v, level + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        if level >= MAX_DEPTH:
+            return CLIPPED
+        return [_clip(v, level + 1) for v in value]
+    return value

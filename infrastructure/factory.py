@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
+from pathlib import Path
+
 from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.postgres import PostgresRunStore
-from steptrail.infrastructure.sqlite import SQLiteRunStore
+from steptrail.infrastructure.sqlite import ReadOnlyStore, SQLiteRunStore, target_from_url
 
 
 class SchemaMissing(RuntimeError):
@@ -12,31 +15,55 @@ class SchemaMissing(RuntimeError):
 
 
 def open_store(
-    url: str, *, pool_size: int = 4, migrate: bool = True
+    url: str, *, pool_size: int = 4, migrate: bool = True, ensure_schema: bool = True
 ) -> PostgresRunStore | SQLiteRunStore:
     """A connected store for `url`, migrated if `migrate` (else SchemaMissing if behind).
+
+    With `ensure_schema=False` the schema is neither checked nor migrated (what `steptrail
+    migrate` wants: it migrates itself). A SQLite file that did not exist before and could
+    not be opened with its schema is removed again, so a failed open leaves nothing behind.
 
     Raises:
         ValueError: the URL is not one steptrail understands.
         StoreUnavailable: the database cannot be reached.
         SchemaMissing: the schema is behind and `migrate` is false.
     """
+    if not url.strip():
+        raise ValueError("the database URL is empty: use sqlite:///path.db or postgresql://host/db")
     scheme = url.split(":", 1)[0].lower()
     store: PostgresRunStore | SQLiteRunStore
+    created: Path | None = None
     if scheme in ("postgresql", "postgres"):
         store = PostgresRunStore(url, pool_size=pool_size)
     elif scheme == "sqlite":
-        store = SQLiteRunStore(url, pool_size=pool_size)
+        path = target_from_url(url).path
+        created = path if path is not None and not path.exists() else None
+        try:
+            store = SQLiteRunStore(url, pool_size=pool_size)
+        except BaseException:
+            _remove(created)
+            raise
     else:
         raise ValueError(
             f"unsupported database URL {url!r}: use sqlite:///path.db or postgresql://host/db"
         )
     try:
-        _ensure_schema(store, migrate=migrate)
+        if ensure_schema:
+            _ensure_schema(store, migrate=migrate)
     except BaseException:
         store.close()
+        _remove(created)
         raise
     return store
+
+
+def _remove(created: Path | None) -> None:
+    """Remove a SQLite database file this open created, with its companions."""
+    if created is None:
+        return
+    for suffix in ("", "-wal", "-shm", "-journal", ".writer-lock"):
+        with suppress(OSError):
+            Path(f"{created}{suffix}").unlink()
 
 
 def _ensure_schema(store: PostgresRunStore | SQLiteRunStore, *, migrate: bool) -> None:
@@ -53,4 +80,4 @@ def _ensure_schema(store: PostgresRunStore | SQLiteRunStore, *, migrate: bool) -
     store.migrate()
 
 
-__all__ = ["SchemaMissing", "StoreUnavailable", "open_store"]
+__all__ = ["ReadOnlyStore", "SchemaMissing", "StoreUnavailable", "open_store"]

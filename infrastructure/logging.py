@@ -1,7 +1,17 @@
-"""structlog set-up: JSON lines when stderr is not a terminal, readable lines when it is.
+"""Logging: structlog events that travel through the standard `logging` module (ADR 0021).
 
-Log events are snake_case past-tense names (`run_claimed`, `lease_lost`) with fixed keys
-`run_id`, `worker_id`, `version`; no payload ever appears in a log line (STYLE 9).
+steptrail logs with structlog (snake_case past-tense events with fixed keys `run_id`,
+`worker_id`, `version`; never a payload, STYLE 9), but its loggers do not depend on the
+process-wide structlog configuration: each is a structlog logger wrapped around the stdlib
+logger `steptrail`, so
+
+* embedded in a program, steptrail writes nothing by itself: records go to the `steptrail`
+  logger and the host's logging configuration decides where they land (with none, Python
+  prints warnings and errors to stderr, and nothing else);
+* the CLI calls `configure_logging`, which puts one stderr handler on that logger rendering
+  JSON lines (stderr not a terminal) or readable lines (a terminal).
+
+`STEPTRAIL_LOG_LEVEL` sets the level of the `steptrail` logger when it is given.
 """
 
 from __future__ import annotations
@@ -12,27 +22,61 @@ from typing import Literal
 
 import structlog
 
+LOGGER_NAME = "steptrail"
+
+_PRE_CHAIN: list[structlog.typing.Processor] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.processors.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
+
+def steptrail_logger() -> structlog.typing.FilteringBoundLogger:
+    """A structlog logger that hands its events to the stdlib logger `steptrail`.
+
+    Events below the stdlib logger's effective level are dropped before any processing.
+    """
+    logger: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
+        logging.getLogger(LOGGER_NAME),
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_PRE_CHAIN,
+            structlog.processors.format_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        cache_logger_on_first_use=False,
+    )
+    return logger
+
+
+def set_level(level: str) -> None:
+    """Set the `steptrail` logger's level (`debug` … `critical`)."""
+    logging.getLogger(LOGGER_NAME).setLevel(level.upper())
+
 
 def configure_logging(
     fmt: Literal["auto", "json", "console"] = "auto", level: str = "info"
 ) -> None:
-    """Configure structlog process-wide (the CLI calls this once; embedders may skip it)."""
+    """Send steptrail's log to stderr, as JSON lines or readable lines (what the CLI does;
+    embedders configure `logging` their own way instead)."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if use_json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
-    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=_PRE_CHAIN,
+        )
     )
+    logger = logging.getLogger(LOGGER_NAME)
+    for old in [h for h in logger.handlers if getattr(h, "_steptrail_cli", False)]:
+        logger.removeHandler(old)
+    handler._steptrail_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.propagate = False
+    set_level(level)

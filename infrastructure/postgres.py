@@ -128,15 +128,16 @@ class PostgresRunStore(ClaimsOne):
 
     # -- schema --------------------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
-        """Apply missing migrations under an advisory lock; returns the names applied."""
+    def migrate(self, *, upto: int | None = None) -> list[str]:
+        """Apply missing migrations under an advisory lock (only those numbered `upto` or
+        lower, if given); returns the names applied."""
         applied_now: list[str] = []
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["migration_lock"])
             conn.execute(self.q["create_migrations_table"])
             done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
             for number, name, sql in migrations(self.backend):
-                if number in done:
+                if number in done or (upto is not None and number > upto):
                     continue
                 conn.execute(sql.encode("utf-8"))  # migration text ships with steptrail
                 conn.execute(self.q["record_migration"], {"version": number, "name": name})
@@ -247,7 +248,10 @@ class PostgresRunStore(ClaimsOne):
             return journal_from_rows(rows.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
-        with self._connection() as conn:
+        """Running runs whose lease expired, judged after every write already queued has
+        landed (ADR 0016): a renewal that waited on a lock is not mistaken for a dead worker."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_for_reaper"])
             rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
             return [run_from_row(r) for r in rows]
 
@@ -259,7 +263,9 @@ class PostgresRunStore(ClaimsOne):
                 run_id=run_id,
                 version=r["version"],
                 recorded_at=r["recorded_at"],
-                event=decode_event(r["topic"], bytes(r["state"])),
+                event=decode_event(
+                    r["topic"], bytes(r["state"]), where=f"event {r['version']} of run {run_id}"
+                ),
                 notification_id=r["notification_id"],
             )
             for r in rows
@@ -281,12 +287,23 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn, conn.transaction():
             yield from self._log(conn)
 
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one REPEATABLE READ
+        snapshot, so writers in between cannot look like drift."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["snapshot_for_verify"])
+            live = [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
+            rebuilt = list(rebuild_rows(self._log(conn)))
+        return live, rebuilt
+
     def _log(self, conn: psycopg.Connection[DictRow]) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur = conn.cursor(name="steptrail_log")
         cur.itersize = 2000
         cur.execute(self.q["select_log"])
         for r in cur:
-            yield r["run_id"], decode_event(r["topic"], bytes(r["state"])), r["recorded_at"]
+            where = f"event {r['version']} of run {r['run_id']}"
+            event = decode_event(r["topic"], bytes(r["state"]), where=where)
+            yield r["run_id"], event, r["recorded_at"]
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
         """Replace the run index with one folded from the log, in one transaction that holds
@@ -338,6 +355,13 @@ class PostgresRunStore(ClaimsOne):
         row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
         return int(row["n"]) if row is not None else 0
 
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._connection() as conn:
+            rows = conn.execute(
+                self.q["select_live_purgeable"], {"statuses": list(statuses), "cutoff": cutoff}
+            )
+            return [r["run_id"] for r in rows]
+
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
     ) -> list[UUID]:
@@ -362,7 +386,11 @@ class PostgresRunStore(ClaimsOne):
         return ids
 
     def after_purge(self) -> None:
-        """Nothing to do: PostgreSQL reclaims deleted rows with (auto)vacuum."""
+        """VACUUM the tables a purge touched, so the space of deleted content is reclaimed
+        now rather than whenever autovacuum comes by (the WAL is the operator's: README)."""
+        with self._connection() as conn:
+            conn.autocommit = True
+            conn.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id})

@@ -65,6 +65,15 @@ class Health:
     now: datetime
 
 
+@dataclass(frozen=True)
+class RunnerHealth:
+    """The reporting runner's position, and how many batches in a row failed (0: healthy)."""
+
+    position: Position
+    failures: int
+    last_error: str | None
+
+
 class ReportingStore:
     """The reporting views of one database (see the module docstring)."""
 
@@ -151,6 +160,24 @@ class ReportingStore:
             rows = tx.all("select_tracking", {"projection": PROJECTION})
         return (int(rows[0]["position_tx"]), int(rows[0]["position"])) if rows else (0, 0)
 
+    def record_failure(self, error: str) -> None:
+        """Count a batch that failed (and rolled back), with its error, for operators."""
+        with self.d.reporting_write() as tx:
+            tx.run("record_view_failure", {"projection": PROJECTION, "error": error[:500]})
+
+    def runner(self) -> RunnerHealth:
+        """Where the views' runner stands and whether its batches keep failing."""
+        with self.d.reporting_read() as tx:
+            rows = tx.all("select_tracking", {"projection": PROJECTION})
+        if not rows:
+            return RunnerHealth(position=(0, 0), failures=0, last_error=None)
+        row = rows[0]
+        return RunnerHealth(
+            position=(int(row["position_tx"]), int(row["position"])),
+            failures=int(row["failures"]),
+            last_error=row["last_error"],
+        )
+
     def head(self) -> int:
         """How many events the log holds (the total a rebuild works through)."""
         with self.d.reporting_read() as tx:
@@ -215,14 +242,19 @@ class ReportingStore:
     def _notification(self, row: Any) -> Notification:
         at = self.d.py_time(row["recorded_at"])
         assert at is not None
-        run_id = row["run_id"]
+        raw_id = row["run_id"]
+        run_id = raw_id if isinstance(raw_id, UUID) else UUID(raw_id)
         return Notification(
             tx=int(row["tx_id"]),
             notification_id=int(row["notification_id"]),
-            run_id=run_id if isinstance(run_id, UUID) else UUID(run_id),
+            run_id=run_id,
             version=int(row["version"]),
             recorded_at=at,
-            event=decode_event(row["topic"], bytes(row["state"])),
+            event=decode_event(
+                row["topic"],
+                bytes(row["state"]),
+                where=f"event {row['version']} of run {run_id}",
+            ),
         )
 
     def _summary(self, row: Any) -> RunSummary:

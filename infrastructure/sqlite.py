@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import InterfaceError, PersistenceError
@@ -45,6 +46,10 @@ from steptrail.infrastructure.store_base import (
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
+# How long a writer waits for another process's turn on the database before it gives up as
+# on any store error (its segment retries, then fences itself). Short against a lease: a
+# stopped process holding the turn must not freeze every writer with it (ADR 0016).
+HANDOVER_TIMEOUT_SECONDS = 5.0
 STATEMENT_CACHE = 64  # prepared statements kept per connection
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -54,23 +59,102 @@ _WAKERS: dict[str, threading.Event] = {}
 _WAKERS_LOCK = threading.Lock()
 
 
+SYSTEM_FOLDERS = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/boot",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/usr",
+)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class ReadOnlyStore(StoreUnavailable):
+    """A write was asked of a store opened read-only (`?mode=ro`, or a file steptrail may
+    not write)."""
+
+
+@dataclass(frozen=True)
+class SQLiteTarget:
+    """Where a `sqlite:` URL points: the name for the connection pool, the file (None for a
+    private in-memory database) and whether to open it read-only."""
+
+    db_name: str
+    path: Path | None
+    read_only: bool
+
+
 def path_from_url(url: str) -> str:
     """The database name the eventsourcing SQLite pool wants for a `sqlite:///` URL."""
+    return target_from_url(url).db_name
+
+
+def target_from_url(url: str) -> SQLiteTarget:
+    """Check a `sqlite:` URL and say how to open it (ADR 0021).
+
+    `sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite:///:memory:` (a private
+    in-memory database, for tests and trials), and `?mode=ro` to open a file read-only. A
+    file that exists but is not writable (a read-only mount) is opened read-only too.
+
+    Raises:
+        ValueError: no file named (`sqlite://`, `sqlite:///`), a host, an unknown query, a
+            missing folder, a system folder, or an existing file that is not SQLite.
+    """
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
         raise ValueError(f"not a SQLite URL: {url!r}")
-    path = parts.path[1:] if parts.path.startswith("/") and not parts.netloc else parts.path
     if parts.netloc:
         raise ValueError(
             f"a SQLite URL has no host; use sqlite:///relative or sqlite:////abs: {url!r}"
         )
-    if path in ("", ":memory:"):
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if set(query) - {"mode"} or query.get("mode", ["ro"]) != ["ro"]:
+        raise ValueError(f"a SQLite URL takes only ?mode=ro, not ?{parts.query}")
+    mode_ro = "mode" in query
+    if path == "":
+        raise ValueError(
+            f"{url!r} names no database file: use sqlite:///path.db "
+            "(or sqlite:///:memory: for a private in-memory database)"
+        )
+    if path == ":memory:":
         # A private shared-cache database: every connection of this store sees the same one.
-        return f"file:steptrail-{uuid4().hex}?mode=memory&cache=shared"
-    folder = Path(path).expanduser().resolve().parent
-    if not folder.is_dir():
-        raise ValueError(f"the folder of the SQLite database does not exist: {folder}")
-    return str(Path(path).expanduser())
+        return SQLiteTarget(f"file:steptrail-{uuid4().hex}?mode=memory&cache=shared", None, False)
+    file = Path(path).expanduser()
+    resolved = file.resolve()
+    _check_file(resolved, url, mode_ro=mode_ro)
+    folder_writable = os.access(resolved.parent, os.W_OK)
+    writable = not resolved.exists() or (os.access(resolved, os.W_OK) and folder_writable)
+    if not folder_writable and resolved.exists():
+        # A read-only folder (a read-only mount): SQLite cannot create the WAL index beside
+        # the file, so the file is opened as immutable; nobody can write it from here anyway.
+        return SQLiteTarget(f"file:{quote(str(resolved))}?mode=ro&immutable=1", resolved, True)
+    if mode_ro or not writable:
+        return SQLiteTarget(f"file:{quote(str(resolved))}?mode=ro", resolved, True)
+    return SQLiteTarget(str(file), resolved, False)
+
+
+def _check_file(resolved: Path, url: str, *, mode_ro: bool) -> None:
+    """Refuse system folders, missing folders and existing files that are not SQLite."""
+    for folder in SYSTEM_FOLDERS:
+        if resolved == Path(folder) or resolved.is_relative_to(folder):
+            raise ValueError(f"refusing a SQLite database in the system folder {folder}: {url!r}")
+    if not resolved.parent.is_dir():
+        raise ValueError(f"the folder of the SQLite database does not exist: {resolved.parent}")
+    if resolved.exists():
+        if not resolved.is_file():
+            raise ValueError(f"not a file: {resolved}")
+        with suppress(OSError), resolved.open("rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+            if head and head != SQLITE_HEADER:
+                raise ValueError(f"not a SQLite database: {resolved}")
+    elif mode_ro:
+        raise ValueError(f"no SQLite database to open read-only at {resolved}")
 
 
 def _configure(conn: object, cur: sqlite3.Cursor) -> None:
@@ -89,6 +173,70 @@ def _configure(conn: object, cur: sqlite3.Cursor) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA secure_delete=ON")
     conn._steptrail_configured = True  # type: ignore[attr-defined]
+
+
+class _Handover:
+    """The flock that hands the database from one writing process to the next, bounded.
+
+    Uncontended, it is one non-blocking flock call. Contended, one helper thread per store
+    waits in the kernel (so the lock passes the moment it is free, with no polling) while the
+    writer waits for it at most `timeout`; a writer that gives up raises StoreUnavailable, and
+    a lock the helper gets with nobody left waiting is let go at once. One helper at most, so
+    a process stopped while holding the lock costs one blocked thread, not one per attempt.
+    """
+
+    def __init__(self, fd: int, timeout: float) -> None:
+        self.fd = fd
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._helper_waiting = False  # a helper thread is blocked in flock
+        self._granted = False  # the helper holds the lock for a writer to take
+        self._writers = 0  # writers waiting on the helper
+
+    def acquire(self) -> None:
+        # Writers of this process reach this one at a time (the pool's writer lock), which
+        # matters: flock is per open file, so a second thread of ours would not be kept out.
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            if not self._helper_waiting:
+                # No helper is blocked in flock (it would get the lock we take here and
+                # hand it on): the fast path is safe.
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass
+                else:
+                    return
+                self._helper_waiting = True
+                threading.Thread(
+                    target=self._wait, name="steptrail-sqlite-handover", daemon=True
+                ).start()
+            self._writers += 1
+            try:
+                while not self._granted:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StoreUnavailable(
+                            "another process has held the SQLite write lock for over "
+                            f"{self.timeout:g} s (stopped or stuck?)"
+                        )
+                    self._cond.wait(remaining)
+                self._granted = False  # ours now
+            finally:
+                self._writers -= 1
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _wait(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        with self._cond:
+            self._helper_waiting = False
+            if self._writers == 0:  # everybody gave up meanwhile: pass it on
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                return
+            self._granted = True
+            self._cond.notify()
 
 
 def _cache_statements(pool: SQLiteConnectionPool) -> None:
@@ -144,9 +292,18 @@ class SQLiteRunStore(ClaimsOne):
 
     backend = "sqlite"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        handover_timeout: float = HANDOVER_TIMEOUT_SECONDS,
+    ) -> None:
         self.url = url
-        self.db_name = path_from_url(url)
+        target = target_from_url(url)
+        self.db_name = target.db_name
+        self.path = target.path
+        self.read_only = target.read_only
         self.datastore = SQLiteDatastore(
             self.db_name,
             lock_timeout=BUSY_TIMEOUT_SECONDS,
@@ -159,9 +316,12 @@ class SQLiteRunStore(ClaimsOne):
         # Microseconds added to the host's clock; only the testing kit's time skipping sets
         # it (steptrail.testing, ADR 0034). Production never does: it reads the host's clock.
         self.clock_offset_us = 0
+        # The writer-lock file is opened on the first write, never by a reader: a read-only
+        # database (a read-only mount, ?mode=ro) must serve every read (ADR 0021).
         self._lock_fd: int | None = None
-        if not self.db_name.startswith("file:"):
-            self._lock_fd = os.open(f"{self.db_name}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_open = threading.Lock()
+        self._handover: _Handover | None = None
+        self._handover_timeout = handover_timeout
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -218,33 +378,55 @@ class SQLiteRunStore(ClaimsOne):
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
+    def _writer_lock(self) -> int | None:
+        if self.path is None:
+            return None  # in-memory: one process only
+        with self._lock_open:
+            if self._lock_fd is None:
+                try:
+                    self._lock_fd = os.open(
+                        f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600
+                    )
+                except OSError as e:
+                    raise ReadOnlyStore(f"cannot write to {self.path}: {e.strerror or e}") from e
+                self._handover = _Handover(self._lock_fd, self._handover_timeout)
+            return self._lock_fd
+
     @contextmanager
     def _process_lock(self) -> Iterator[None]:
-        if self._lock_fd is None:
+        if self.read_only:
+            raise ReadOnlyStore(
+                f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
+            )
+        if self._writer_lock() is None:
             yield
             return
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        handover = self._handover
+        assert handover is not None
+        handover.acquire()
         try:
             yield
         finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            handover.release()
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        with self._lock_open:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
         self.datastore.close()
 
     # -- schema --------------------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
+    def migrate(self, *, upto: int | None = None) -> list[str]:
+        """Apply missing migrations (only those numbered `upto` or lower, if given)."""
         applied_now: list[str] = []
         with self._write() as (cur, at):
             cur.execute(self.q["create_migrations_table"])
             cur.execute(self.q["applied_migrations"])
             done = {r["version"] for r in cur.fetchall()}
             for number, name, sql in migrations(self.backend):
-                if number in done:
+                if number in done or (upto is not None and number > upto):
                     continue
                 # executescript would COMMIT our transaction; run statement by statement.
                 for statement in statements(sql):
@@ -311,9 +493,9 @@ class SQLiteRunStore(ClaimsOne):
         events = self._event_params(run, 0)
         params = self._params(run, 0)
         drop, _ = side_effects(run.state)
-        run_hex = run.id.hex
         # Positional, not named: this statement runs with every step, and binding by name
         # costs a lookup per column.
+        run_hex = run.id.hex
         journal = [
             (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
             for r in journal_rows(run)
@@ -406,8 +588,10 @@ class SQLiteRunStore(ClaimsOne):
             return journal_from_rows(cur.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
-        with self._read() as cur:
-            cur.execute(self.q["select_stale"], {"now": self.now_us(), "limit": limit})
+        """Running runs whose lease expired, read inside the write lock so that a renewal
+        that got the lock first is seen (ADR 0016)."""
+        with self._write() as (cur, at):
+            cur.execute(self.q["select_stale"], {"now": at, "limit": limit})
             return [run_from_row(r) for r in cur.fetchall()]
 
     def history(self, run_id: UUID) -> list[RecordedEvent]:
@@ -419,7 +603,9 @@ class SQLiteRunStore(ClaimsOne):
                 run_id=run_id,
                 version=r["version"],
                 recorded_at=to_datetime(r["recorded_at"]) or datetime.now(UTC),
-                event=decode_event(r["topic"], bytes(r["state"])),
+                event=decode_event(
+                    r["topic"], bytes(r["state"]), where=f"event {r['version']} of run {run_id}"
+                ),
                 notification_id=r["notification_id"],
             )
             for r in rows
@@ -442,13 +628,28 @@ class SQLiteRunStore(ClaimsOne):
         with self._read() as cur:
             yield from self._log(cur)
 
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
+        """The live run index and one rebuilt from the log, both read in one read
+        transaction (one WAL snapshot), so writers in between cannot look like drift."""
+        with self._read() as cur:
+            cur.execute("BEGIN")
+            try:
+                cur.execute(self.q["select_all_runs"])
+                live = [_index_row(r) for r in cur.fetchall()]
+                rebuilt = list(rebuild_rows(self._log(cur)))
+            finally:
+                cur.execute("COMMIT")
+        return live, rebuilt
+
     def _log(self, cur: sqlite3.Cursor) -> Iterator[tuple[UUID, RunEvent, datetime]]:
         cur.execute(self.q["select_log"])
         while batch := cur.fetchmany(2000):
             for r in batch:
                 at = to_datetime(r["recorded_at"])
                 assert at is not None
-                yield UUID(r["run_id"]), decode_event(r["topic"], bytes(r["state"])), at
+                run_id = UUID(r["run_id"])
+                where = f"event {r['version']} of run {run_id}"
+                yield run_id, decode_event(r["topic"], bytes(r["state"]), where=where), at
 
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
         """Replace the run index with one folded from the log, under the write lock."""
@@ -491,9 +692,22 @@ class SQLiteRunStore(ClaimsOne):
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
         row = self._one(
-            "count_purgeable", {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff)}
+            "count_purgeable",
+            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": self.now_us()},
         )
         return int(row["n"]) if row is not None else 0
+
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        with self._read() as cur:
+            cur.execute(
+                self.q["select_live_purgeable"],
+                {
+                    "statuses": json.dumps(list(statuses)),
+                    "cutoff": to_us(cutoff),
+                    "now": self.now_us(),
+                },
+            )
+            return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
@@ -503,7 +717,12 @@ class SQLiteRunStore(ClaimsOne):
         with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
-                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "limit": limit},
+                {
+                    "statuses": json.dumps(list(statuses)),
+                    "cutoff": to_us(cutoff),
+                    "limit": limit,
+                    "now": at,
+                },
             )
             ids = [UUID(r["run_id"]) for r in cur.fetchall()]
             if ids:
@@ -515,7 +734,7 @@ class SQLiteRunStore(ClaimsOne):
     def after_purge(self) -> None:
         """Fold the WAL back into the database so deleted content leaves the WAL file too."""
         with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
-            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cur.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id.hex})

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steptrail.domain.classifier import ClassifiedError, HttpStatusError
 from steptrail.domain.enums import Effect, FailureClass
+from steptrail.domain.schemas import InvalidSchema, check_schema
 from steptrail.workers.context import Recorded, RunContext
 from steptrail.workers.registry import App
 
@@ -105,6 +106,15 @@ class InputScript(_Strict):
         },
     )
     prompt: str | None = "Which account?"
+
+    @field_validator("schema_")
+    @classmethod
+    def _declarable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Refused at enqueue, not only when the run reaches this step (ADR 0020).
+        try:
+            return check_schema(value)
+        except InvalidSchema as error:
+            raise ValueError(str(error)) from None
 
 
 class Script(_Strict):

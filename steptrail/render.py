@@ -1,4 +1,9 @@
-"""How runs and trails look on a terminal and in `--json` output."""
+"""How runs and trails look on a terminal and in `--json` output.
+
+Every stored string is shown inert (ADR 0021): Rich markup in it is escaped and control
+characters are shown as escapes (`\\x1b`), so nothing a request, an agent or a person's name
+carries can restyle, hide or fake a line of output. `--json` output is JSON-escaped.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,28 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run
 from steptrail.projections.run_index import RunRow
+
+
+def inert(value: object) -> str:
+    """`value` as text that a terminal shows as is: control and other non-printable
+    characters escaped, Rich markup escaped."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(
+            c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+        )
+    return escape(text)
+
+
+def add_row(table: Table, *cells: object) -> None:
+    """Add a row of inert cells (see `inert`)."""
+    table.add_row(*(inert(c) for c in cells))
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -69,7 +91,8 @@ def trail_table(events: Sequence[RecordedEvent]) -> Table:
         table.add_column(column, overflow="fold")
     for recorded in events:
         entry = event_dict(recorded)
-        table.add_row(
+        add_row(
+            table,
             str(recorded.version),
             recorded.recorded_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
             entry["event"],
@@ -103,7 +126,7 @@ def run_table(row: RunRow) -> Table:
         ("updated", _iso(row.updated_at)),
     ]
     for key, value in pairs:
-        table.add_row(key, str(value))
+        add_row(table, key, value)
     return table
 
 
@@ -114,7 +137,8 @@ def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
         table.add_column(column, no_wrap=True)
     for row in rows:
         s = row.state
-        table.add_row(
+        add_row(
+            table,
             str(s.run_id)[:8],
             s.status.value,
             s.reason.value if s.reason else "-",
@@ -135,7 +159,8 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
         if s.waiting is not None:
             what = ", ".join(s.waiting.pending_tools) or "input"
             waits = f"{s.waiting.kind.value}: {what} ({s.waiting.digest[:19]}…)"
-        table.add_row(
+        add_row(
+            table,
             str(s.run_id),
             s.agent,
             s.status.value,

@@ -8,6 +8,7 @@ cancel, get, history.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -16,12 +17,15 @@ from uuid import UUID, uuid4
 import structlog
 from pydantic import ValidationError
 
+from steptrail.domain.actors import check_actor
 from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
+from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run, RunState, fold
 from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.logging import set_level, steptrail_logger
 from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
@@ -38,6 +42,7 @@ from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
+MAX_KEY_LENGTH = 1000
 
 
 class InvalidRequest(ValueError):
@@ -58,7 +63,7 @@ class Runtime:
         self.app = app
         self.settings = settings
         self.store = store
-        self.log = log or structlog.get_logger("steptrail")
+        self.log = log or steptrail_logger()
         self._keeper: LeaseKeeper | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -88,6 +93,7 @@ class Runtime:
             lease_s=self.settings.lease_seconds,
             policy=self.settings.retry_policy(),
             privacy=self.settings.privacy_level,
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     # -- use cases -----------------------------------------------------------------------------
@@ -112,6 +118,9 @@ class Runtime:
         body = self._request_body(agent, request)
         if idempotency_key is not None and not idempotency_key.strip():
             raise InvalidRequest("an idempotency key cannot be blank")
+        if idempotency_key is not None and len(idempotency_key) > MAX_KEY_LENGTH:
+            raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
+        check_actor(actor)
         run = Run.enqueue(
             run_id=uuid4(),
             agent=agent,
@@ -137,8 +146,9 @@ class Runtime:
             holder=holder_name("interactive"),
             lease_ms=self.settings.lease_ms,
         )
+        sent = time.monotonic()  # the lease is counted from here (ADR 0016)
         self.store.create(run, request=None)
-        return self._executor().execute(run, json.loads(body))
+        return self._executor().execute(run, json.loads(body), lease_from=sent)
 
     def worker(
         self,
@@ -179,7 +189,9 @@ class Runtime:
         Raises:
             UnknownRun: no such run.
             IllegalTransition: the run already ended.
+            InvalidActor: `by` is not an acceptable actor name.
         """
+        check_actor(by)
         for _ in range(CANCEL_ATTEMPTS):
             run = self.store.load(run_id)
             if run is None:
@@ -196,7 +208,12 @@ class Runtime:
     # -- people in the loop --------------------------------------------------------------------
 
     def decisions(self) -> Decisions:
-        return Decisions(self.store, lease_ms=self.settings.lease_ms, executor=self._executor)
+        return Decisions(
+            self.store,
+            lease_ms=self.settings.lease_ms,
+            executor=self._executor,
+            max_input_bytes=self.settings.max_payload_bytes,
+        )
 
     def pending(self, run_id: UUID) -> PendingDecision:
         """What a waiting run waits for, with the digest a decision must quote."""
@@ -367,6 +384,10 @@ class Runtime:
         value: Any = {} if request is None else request
         if not isinstance(value, Mapping):
             raise InvalidRequest("a request must be a JSON object")
+        try:
+            check_depth(value, "the request")
+        except PayloadRejected as error:
+            raise InvalidRequest(str(error)) from error
         if spec.request_model is not None:
             try:
                 value = spec.request_model.model_validate(value).model_dump(
@@ -379,9 +400,14 @@ class Runtime:
                 )
                 raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
         try:
-            return canonical_json(dict(value))
-        except (TypeError, ValueError) as error:
+            body = canonical_json(dict(value))
+        except (TypeError, ValueError, RecursionError) as error:
             raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
+        try:
+            check_size(len(body), self.settings.max_request_bytes, "the request")
+        except PayloadRejected as error:
+            raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
+        return body
 
     def _executor(self) -> Executor:
         if self._keeper is None:
@@ -396,6 +422,7 @@ def open_runtime(
     *,
     url: str | None = None,
     settings: Settings | None = None,
+    ensure_schema: bool = True,
     **overrides: Any,
 ) -> Runtime:
     """Open a runtime: read settings, connect, migrate the schema if needed.
@@ -405,20 +432,32 @@ def open_runtime(
         url: the database URL (else `settings.database_url`, i.e. `STEPTRAIL_DATABASE_URL`,
             default `sqlite:///steptrail.db`).
         settings: explicit settings (else read from the environment).
+        ensure_schema: check (and with auto-migrate, create or upgrade) the schema; False
+            only for a caller that migrates itself (`steptrail migrate`).
         overrides: individual settings, e.g. `lease_seconds=5`.
 
     Raises:
-        ValueError: a bad database URL. StoreUnavailable: the database cannot be reached.
+        ValueError: a bad database URL (InvalidSettings: a bad setting, naming it).
+        StoreUnavailable: the database cannot be reached. SchemaMissing: the schema is
+        behind and auto-migrate is off.
     """
     from steptrail.examples import app as examples
 
     if settings is None:
         settings = Settings(**overrides)
     elif overrides:
-        settings = Settings.model_validate({**settings.model_dump(), **overrides})
+        settings = Settings(**{**settings.model_dump(), **overrides})
+    if "log_level" in settings.model_fields_set:
+        # Only the level, and only when it was asked for: where records go is the host's
+        # choice (its logging configuration), never ours (ADR 0021).
+        set_level(settings.log_level)
     combined = App()
     combined.include(examples)
     if app is not None:
         combined.include(app)
-    store = open_store(url or settings.database_url, migrate=settings.auto_migrate)
+    store = open_store(
+        url or settings.database_url,
+        migrate=settings.auto_migrate,
+        ensure_schema=ensure_schema,
+    )
     return Runtime(combined, settings, store)

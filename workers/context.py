@@ -16,6 +16,7 @@ deadline runs on a helper thread the agent stops waiting for at the deadline (AD
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,8 +52,15 @@ from steptrail.domain.journal import (
     StepCall,
     fingerprint,
 )
-from steptrail.domain.privacy import filter_payload
+from steptrail.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadRejected,
+    check_depth,
+    check_size,
+)
+from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
 from steptrail.domain.run import DECISION_STEP, Decision, Run
+from steptrail.domain.schemas import check_schema
 from steptrail.workers.segment import LeaseLost, Segment
 
 T = TypeVar("T")
@@ -153,12 +161,16 @@ class RunContext:
         privacy: PrivacyLevel,
         effect_of: Callable[[str], Effect],
         resumable: dict[str, Any] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        declared_tools: frozenset[str] | None = None,
         journal: JournalCursor | None = None,
         classify: Callable[[BaseException], FailureClass] = classify,
         deadlines: Deadlines | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._segment = segment
+        self._declared_tools = declared_tools
+        self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
         self._effect_of = effect_of
         self._journal = journal or JournalCursor()
@@ -274,7 +286,8 @@ class RunContext:
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
-        return self._await_decision(state, calls_digest(pending), tuple(c.name for c in pending))
+        labels = tuple(self.tool_label(c.name) for c in pending)
+        return self._await_decision(state, calls_digest(pending), labels)
 
     def request_input(
         self,
@@ -285,11 +298,16 @@ class RunContext:
     ) -> dict[str, Any]:
         """Wait until a person submits values matching `schema` (a pydantic model or a JSON
         Schema); returns the validated values, like `request_approval` returns a decision
-        (they are also `ctx.resumed.values` for agents that resume by hand)."""
-        json_schema = (
+        (they are also `ctx.resumed.values` for agents that resume by hand).
+
+        Raises:
+            InvalidSchema: the schema is invalid, refers outside itself or is too large
+                (ADR 0020); the run is not suspended, and fails unless the agent handles it.
+        """
+        json_schema = check_schema(
             schema.model_json_schema()
             if isinstance(schema, type) and issubclass(schema, BaseModel)
-            else dict(schema)
+            else schema
         )
         state = ResumableState(
             kind=WaitKind.INPUT,
@@ -360,7 +378,8 @@ class RunContext:
         results = []
         for call in resumed.calls:
             if not resumed.approved:
-                self.step("tool", call.name, lambda: {"error": DENIED}, payload={"tool": call.name})
+                label = self.tool_label(call.name)
+                self.step("tool", label, lambda: {"error": DENIED}, payload={"tool": label})
                 results.append(CallResult(call=call, error=DENIED))
                 continue
             run = _bind(tools, call)
@@ -369,14 +388,16 @@ class RunContext:
         return results
 
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
+        check_depth(state.conversation, "the saved conversation")
         body = canonical_json(jsonable(state.model_dump(mode="json")))
+        check_size(len(body), self._max_payload_bytes, "the saved resumable state")
         kind = state.kind
         self.note_replay()
 
+        logged_schema = filter_schema(state.input_schema, self._privacy)
+
         def suspend(run: Run) -> None:
-            run.suspend(
-                kind=kind, digest=digest, pending_tools=tools, input_schema=state.input_schema
-            )
+            run.suspend(kind=kind, digest=digest, pending_tools=tools, input_schema=logged_schema)
 
         try:
             self._segment.commit(suspend, resumable=body)
@@ -460,12 +481,17 @@ class RunContext:
         marker is cleared by that record; if the tool raises, the marker stays, because
         the write may have happened.
         """
-        call = StepCall("tool", name, fingerprint(jsonable(dict(arguments or {}))))
+        # What the log, the journal and log lines call the tool: a name the request may have
+        # chosen is free text, labelled below `redacted` unless the app declared it (ADR
+        # 0019). The label is a pure function of the name and the privacy level, so a replay
+        # at the same level matches it.
+        label = self.tool_label(name)
+        call = StepCall("tool", label, fingerprint(jsonable(dict(arguments or {}))))
         entry = self._next(call)
         if entry is not None:
             return _replayed(entry)  # type: ignore[no-any-return]
         effect = self._effect_of(name)
-        payload: dict[str, Any] = {"tool": name, "effect": effect.value}
+        payload: dict[str, Any] = {"tool": label, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
         limit = timeout
@@ -478,8 +504,8 @@ class RunContext:
         # The segment's deadline is checked before the marker: a write that never started
         # must not leave a marker saying it may have happened.
         limit = self._limit(limit)
-        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=name, effect=effect))
-        self.log.info("effect_pending", tool=name, effect=effect.value, seq=seq)
+        seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=label, effect=effect))
+        self.log.info("effect_pending", tool=label, effect=effect.value, seq=seq)
         try:
             value = self._live(call, fn, payload=payload, timeout=limit, marked=True)
         except LeaseLost:
@@ -489,6 +515,10 @@ class RunContext:
             raise
         self._segment.boundary()  # the write's result, durable now (ADR 0014)
         return value
+
+    def tool_label(self, name: str) -> str:
+        """How tool `name` appears in this run's log at its privacy level."""
+        return tool_label(name, self._privacy, self._declared_tools)
 
     def heartbeat(self) -> None:
         """Prove the run is still ours now: append what is pending, or renew the lease.
@@ -617,9 +647,27 @@ class RunContext:
             tokens, cost = extra.tokens, extra.cost
         if error is None and log_result:
             body["content" if kind == "llm" else "result"] = result
-        filtered = filter_payload(jsonable(body), self._privacy)
         error_type = _error_type(error) if error is not None else None
-        entry = _entry(call, self._journal.position, result, error, self._classify)
+        rejected: PayloadRejected | None = None
+        try:
+            # Bounded before anything else walks it (ADR 0019): what is written must be
+            # readable back. A step whose payload or value is too deep or too large is
+            # recorded without them, as failed with the limit's error type (in the journal
+            # too, so a replay fails the same way), and the agent gets the error.
+            check_depth(body, f"the payload of step {name!r}")
+            if error is None:
+                check_depth(result, f"the value of step {name!r}")
+            filtered = filter_payload(
+                jsonable(body), self._privacy, declared_tools=self._declared_tools
+            )
+            self.check_size(filtered, f"the payload of step {name!r}")
+            if error is None:
+                self.check_size(jsonable(result), f"the value of step {name!r}")
+            entry = _entry(call, self._journal.position, result, error, self._classify)
+        except PayloadRejected as too_much:
+            filtered, error_type = {"payload_rejected": True}, type(too_much).__name__
+            rejected = too_much if error is None else None
+            entry = _entry(call, self._journal.position, None, too_much, self._classify)
 
         def record(run: Run) -> int:
             return run.record_step(
@@ -635,6 +683,13 @@ class RunContext:
             )
 
         self._segment.defer(record)
+        if rejected is not None:
+            raise rejected
+
+    def check_size(self, payload: Any, what: str) -> None:
+        """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str))
+        check_size(size, self._max_payload_bytes, what)
 
 
 def _error_type(error: BaseException) -> str:

@@ -15,6 +15,7 @@ conflicts and is refused as "already resuming".
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,24 +23,31 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from steptrail.domain.actors import check_actor
 from steptrail.domain.decisions import (
     PendingCall,
     ResumableState,
+    check_input_bounds,
     state_digest,
-    validate_input,
 )
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import Outcome, WaitKind
 from steptrail.domain.errors import (
     DigestMismatch,
-    DomainError,
     IllegalTransition,
     UnknownRun,
     VersionConflict,
 )
+from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
-from steptrail.workers.execute import Executor, SegmentResult, decode_request
+from steptrail.domain.schemas import validate_input
+from steptrail.workers.execute import (
+    CorruptResumableState,
+    Executor,
+    SegmentResult,
+    decode_request,
+)
 from steptrail.workers.worker import holder_name
 
 ResumeMode = Literal["auto", "here", "queue"]
@@ -47,10 +55,6 @@ ResumeMode = Literal["auto", "here", "queue"]
 
 class AlreadyResuming(IllegalTransition):
     """Somebody else decided this run first; it is already resuming."""
-
-
-class CorruptResumableState(DomainError):
-    """The saved resumable state is unreadable or does not match what the run waits on."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,16 @@ class PendingDecision:
 class Decisions:
     """Approve, deny and submit input for waiting runs (see the module docstring)."""
 
-    def __init__(self, store: RunStore, *, lease_ms: int, executor: Callable[[], Executor]) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        *,
+        lease_ms: int,
+        executor: Callable[[], Executor],
+        max_input_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
         self.store = store
+        self.max_input_bytes = max_input_bytes
         self.lease_ms = lease_ms
         self.executor = executor
 
@@ -110,10 +122,12 @@ class Decisions:
 
         Raises:
             UnknownRun; IllegalTransition (not waiting for that); AlreadyResuming;
-            DigestMismatch; InvalidInput; CorruptResumableState.
+            DigestMismatch; InvalidInput (also for input too deep or too large);
+            InvalidActor; CorruptResumableState.
         """
-        if not by.strip():
-            raise IllegalTransition("a decision needs the name of who decided (--by)")
+        check_actor(by)
+        if values is not None:
+            check_input_bounds(values, self.max_input_bytes)
         run = self._load(run_id)
         saved = self._saved_state(run)
         waiting = run.state.waiting
@@ -128,7 +142,7 @@ class Decisions:
         new_body: bytes | None = None
         input_keys: tuple[str, ...] = ()
         if kind is WaitKind.INPUT:
-            taken = validate_input(saved.input_schema or {}, values or {})
+            taken = validate_input(saved.input_schema or {}, values or {}, clock=time.monotonic)
             saved = saved.model_copy(update={"values": taken})
             new_body = canonical_json(saved.model_dump(mode="json"))
             input_keys = tuple(sorted(taken))
@@ -143,6 +157,7 @@ class Decisions:
             run.resume(holder=holder, lease_ms=self.lease_ms)
         else:
             run.release(actor=by)
+        sent = time.monotonic()  # the resumed lease is counted from here (ADR 0016)
         try:
             self.store.append(run, resumable=new_body)
         except VersionConflict:
@@ -154,7 +169,9 @@ class Decisions:
         if mode == "queue":
             return SegmentResult(run.id, Outcome.REQUEUED, run.status, run.version)
         request = decode_request(self.store.saved(run_id, "request") or b"")
-        return self.executor().execute(run, request, resumable=saved.model_dump(mode="json"))
+        return self.executor().execute(
+            run, request, resumable=saved.model_dump(mode="json"), lease_from=sent
+        )
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -13,10 +13,14 @@ from typing import Any
 from uuid import UUID
 
 import structlog
+from pydantic import ValidationError
 
 from steptrail.domain.classifier import Classifier
+from steptrail.domain.decisions import ResumableState, state_digest
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
+from steptrail.domain.errors import DomainError, StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
+from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
@@ -44,6 +48,7 @@ class ExecutionConfig:
     lease_s: float
     policy: RetryPolicy
     privacy: PrivacyLevel
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
 class Executor:
@@ -76,19 +81,31 @@ class Executor:
         request: dict[str, Any],
         *,
         resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
     ) -> SegmentResult:
-        """Run the agent of `run` (held by this process) and settle it."""
+        """Run the agent of `run` (held by this process) and settle it. `lease_from` is
+        when the write that gave this process the lease was sent (`time.monotonic()`)."""
         spec = self.app.get(run.state.agent)
         privacy = spec.privacy or self.config.privacy
-        segment = Segment(self.store, run, lease_s=self.config.lease_s, log=self.log)
-        # A run that recorded no step has no journal: a fresh claim costs no extra read.
-        journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        segment = Segment(
+            self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
+        )
+        try:
+            # A run that recorded no step has no journal: a fresh claim costs no extra read.
+            journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+        except StoreUnavailable as error:
+            # Without its journal the agent would run recorded steps again: do not start.
+            # The lease runs out and the reaper hands the run to another segment.
+            segment.log.warning("journal_unreadable", error=type(error).__name__)
+            return self._result(segment, Outcome.LEASE_LOST)
         ctx = self.context_class(
             segment,
             request=request,
             privacy=privacy,
             effect_of=self.app.effect_of,
             resumable=resumable,
+            max_payload_bytes=self.config.max_payload_bytes,
+            declared_tools=self.app.declared_tools,
             journal=journal,
             classify=self.classifier,
             deadlines=Deadlines(
@@ -129,7 +146,14 @@ class Executor:
         if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
             return self._on_failure(segment, ctx, ctx.diverged)
         ctx.note_replay()
-        body = filter_payload(jsonable({"result": result}), privacy)
+        try:
+            # A result that could not be read back must never be written (ADR 0019): the
+            # run fails instead, not retryable (it would return the same result again).
+            check_depth(result, "the run's result")
+            body = filter_payload(jsonable({"result": result}), privacy)
+            ctx.check_size(body, "the run's result")
+        except PayloadRejected as error:
+            return self._on_failure(segment, ctx, error)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
         )
@@ -219,15 +243,36 @@ class Executor:
         return SegmentResult(run.id, outcome, status, run.committed_version)
 
 
+class CorruptResumableState(DomainError):
+    """The saved resumable state is unreadable or does not match what the run waits on."""
+
+
 def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
-    """The saved resumable state a decided run resumes with, or None for a fresh segment."""
-    if run.state.decision is None or not run.state.has_resumable_state:
+    """The saved resumable state a decided run resumes with, or None for a fresh segment.
+
+    The state is read again when the resumed segment starts (a worker picked the run off the
+    queue, maybe hours after the decision), so it is checked again against the digest the
+    decision was bound to: calls changed in the database since the approval must not run.
+
+    Raises:
+        CorruptResumableState: unreadable, or not what the decision was about.
+    """
+    decision = run.state.decision
+    if decision is None or not run.state.has_resumable_state:
         return None
     body = store.saved(run.id, "resumable")
     if body is None:
         return None
-    value = json.loads(body)
-    return value if isinstance(value, dict) else None
+    try:
+        saved = ResumableState.model_validate(json.loads(body))
+    except (ValueError, ValidationError):
+        raise CorruptResumableState(f"the resumable state of run {run.id} is unreadable") from None
+    if saved.kind is not decision.kind or state_digest(saved) != decision.digest:
+        raise CorruptResumableState(
+            f"the resumable state of run {run.id} does not match the digest its decision "
+            "was bound to"
+        )
+    return saved.model_dump(mode="json")
 
 
 def decode_request(body: bytes) -> dict[str, Any]:

@@ -9,11 +9,8 @@ not mistaken for drift.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
 from typing import Any, Protocol
-from uuid import UUID
 
-from steptrail.domain.run import RunEvent
 from steptrail.projections.reporting import (
     DeadLetterRow,
     Notification,
@@ -24,14 +21,13 @@ from steptrail.projections.reporting import (
     normalise_dead_letter,
     normalise_summary,
 )
-from steptrail.projections.run_index import RunRow, normalise, rebuild_rows
+from steptrail.projections.run_index import RunRow, normalise
 
 REBUILDABLE = ("all", "run-index", "reporting")
 
 
 class IndexStore(Protocol):
-    def all_rows(self) -> list[RunRow]: ...
-    def iter_log(self) -> Iterator[tuple[UUID, RunEvent, datetime]]: ...
+    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]: ...
     def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int: ...
 
 
@@ -71,9 +67,11 @@ def rebuild(
 
 
 def verify_index(store: IndexStore) -> list[str]:
-    """Differences between the live run index and one rebuilt from the log."""
-    live = {r.run_id: normalise(r) for r in store.all_rows()}
-    rebuilt = {r.run_id: normalise(r) for r in rebuild_rows(store.iter_log())}
+    """Differences between the live run index and one rebuilt from the log, both read in
+    one snapshot (workers may be writing)."""
+    index, from_log = store.index_and_rebuilt()
+    live = {r.run_id: normalise(r) for r in index}
+    rebuilt = {r.run_id: normalise(r) for r in from_log}
     return differences("run index", live, rebuilt)
 
 

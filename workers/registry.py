@@ -153,6 +153,11 @@ class App:
         for exc_type, failure_class in other.classifier._mappings.items():
             self.classifier.register(exc_type, failure_class)
 
+    @property
+    def declared_tools(self) -> frozenset[str]:
+        """The names of the tools declared with `tool(...)`."""
+        return frozenset(self._tools)
+
     def effect_of(self, tool: str) -> Effect:
         return self._tools.get(tool, Effect.NON_IDEMPOTENT_WRITE)
 

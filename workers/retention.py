@@ -1,7 +1,9 @@
 """The purge: removes whole runs whose retention window has passed, in bounded batches.
 
-Each batch is one transaction that removes its runs from every table holding anything of
-them and leaves a tombstone; an interrupted purge has removed whole runs only, and running it
+A run that a worker holds under a live lease is never removed, whatever its age: it is
+reported as skipped, and goes once it settles or its lease expires. Each batch is one
+transaction that removes its runs from every table holding anything of them and leaves a
+tombstone; an interrupted purge has removed whole runs only, and running it
 again finishes the job. See ADR 0010 for what "delete" means for an append-only log.
 """
 
@@ -21,6 +23,7 @@ from steptrail.domain.retention import Category, RetentionPolicy
 class Purgeable(Protocol):
     def store_now(self) -> datetime: ...
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int: ...
+    def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]: ...
     def purge_batch(
         self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
     ) -> list[UUID]: ...
@@ -29,10 +32,12 @@ class Purgeable(Protocol):
 
 @dataclass
 class PurgeReport:
-    """How many runs each category lost, and the cutoffs applied."""
+    """How many runs each category lost, the cutoffs applied, and the runs left alone
+    because a worker holds them under a live lease."""
 
     removed: dict[str, int] = field(default_factory=dict)
     cutoffs: dict[str, datetime] = field(default_factory=dict)
+    skipped: dict[str, list[UUID]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -43,13 +48,18 @@ class PurgeReport:
             f"{self.removed.get(c, 0)} {c} (created before {self.cutoffs[c]:%Y-%m-%d %H:%M})"
             for c in self.cutoffs
         ]
-        return f"Purged {self.total} run(s): " + ", ".join(parts) + "."
+        text = f"Purged {self.total} run(s): " + ", ".join(parts) + "."
+        held = sum(len(ids) for ids in self.skipped.values())
+        if held:
+            text += f" Skipped {held} run(s) running under a live lease."
+        return text
 
     def as_dict(self) -> dict[str, object]:
         return {
             "purged": self.total,
             "by_category": dict(self.removed),
             "cutoffs": {k: v.isoformat() for k, v in self.cutoffs.items()},
+            "skipped_live_lease": {k: [str(i) for i in v] for k, v in self.skipped.items()},
         }
 
 
@@ -84,6 +94,17 @@ class Purger:
             statuses = [s.value for s in category.statuses]
             total = self.store.count_purgeable(statuses=statuses, cutoff=cutoff)
             report.cutoffs[category.value] = cutoff
+            # A run held under a live lease is never purged (a write tool may be in flight);
+            # the batches skip it by the store's clock, and the report names it.
+            held = self.store.live_purgeable(statuses=statuses, cutoff=cutoff)
+            if held:
+                report.skipped[category.value] = held
+                self.log.warning(
+                    "purge_skipped_live_runs",
+                    category=category.value,
+                    runs=len(held),
+                    run_ids=[str(i) for i in held[:20]],
+                )
             done = 0
             while True:
                 ids = self.store.purge_batch(

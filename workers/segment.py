@@ -13,9 +13,12 @@ only place its appends happen. Four rules make it safe:
   somebody else appended: the segment has lost the run. It stops at once, records nothing
   more and settles nothing; the outcome is `cancelled` if a cancel did it, else `lease_lost`.
 * **Ambiguity.** A store error during an append leaves it unknown whether the append landed.
-  The segment looks before it retries: its own state at its version means it landed; another
-  version means it lost the run; the old version means retry.
-* **Self-fencing.** Retrying stops half a lease after the last confirmed append. By then the
+  The segment looks before it sends anything again: its own state at its version means it
+  landed; another version means it lost the run; the old version means retry. While it
+  cannot look, it sends nothing (a blind retry would conflict with its own write and be
+  mistaken for a lost run), and the doubt outlives the call that raised it.
+* **Self-fencing.** Retrying stops half a lease after the last confirmed append was sent
+  (the store's lease starts later than that, never earlier). By then the
   segment cannot know whether the reaper is about to reclaim the run, so it gives the run up
   (`lease_lost`) and never starts another step or write (ADR 0007).
 
@@ -39,7 +42,7 @@ import structlog
 from steptrail.domain.enums import Outcome, RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import RunStore
-from steptrail.domain.run import Checkpoint, Run, RunEvent
+from steptrail.domain.run import Checkpoint, Run, RunEvent, RunState
 
 Clock = Callable[[], float]
 
@@ -52,6 +55,14 @@ class LeaseLost(BaseException):  # a signal, like CancelledError, not an error
         super().__init__(why)
         self.outcome = outcome
         self.why = why
+
+
+@dataclass(frozen=True)
+class _Doubt:
+    """An append whose reply was lost: the state it would leave and when it was sent."""
+
+    state: RunState
+    sent: float
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class Segment:
         log: structlog.typing.FilteringBoundLogger,
         clock: Clock = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        lease_from: float | None = None,
     ) -> None:
         self.store = store
         self.run = run
@@ -90,8 +102,11 @@ class Segment:
         self.clock = clock
         self.sleep = sleep
         self.lock = threading.RLock()
-        self.last_ok = clock()
+        # When the write that granted the lease was sent (by `clock`): the store's lease
+        # started after that, so counting from it never overestimates what is left.
+        self.last_ok = clock() if lease_from is None else lease_from
         self.lost: LeaseLost | None = None
+        self._doubt: _Doubt | None = None
         # Monotonic instant after which the lease keeper stops renewing (None: never).
         self.renew_until: float | None = None
         holder = run.state.holder or "?"
@@ -160,7 +175,9 @@ class Segment:
         if not self.lock.acquire(blocking=False):
             return
         try:
-            if self.lost is not None:
+            # A settled run (between its settle and the keeper's untrack) or one parked for a
+            # decision holds no lease any more: nothing to renew.
+            if self.lost is not None or self.run.status is not RunStatus.RUNNING:
                 return
             checkpoint = self.run.checkpoint()
             if not self.run.pending_events:
@@ -186,58 +203,75 @@ class Segment:
         self, checkpoint: Checkpoint, resumable: bytes | None, *, retry: bool = True
     ) -> bool:
         """Append every pending event. Returns True once they are confirmed; with
-        `retry=False` a store error gives up at once (False: what was triggered since
-        `checkpoint` is dropped, earlier pending events stay pending) so the caller can try
-        again later. Raises LeaseLost when the run is lost or the segment fenced itself."""
+        `retry=False` a store error gives up at once (False: the events stay pending and in
+        doubt, and the next append settles the doubt first) so the caller can try again
+        later. Raises LeaseLost when the run is lost or the segment fenced itself."""
         delay = 0.05
-        batch = self.run.pending_events
         while True:
-            try:
-                self.store.append(self.run, resumable=resumable)
-            except VersionConflict:
+            if self._doubt is None or self._settle_doubt(checkpoint):
+                batch = self.run.pending_events
+                if not batch:
+                    return True  # the attempt in doubt had landed, and it was all there was
+                # The store's lease starts when the append got its locks, which is after it
+                # was sent: timing the self-fence from the sending, not from the reply, keeps
+                # the segment's idea of its lease inside the store's, however long the append
+                # queued on a lock (ADR 0016).
+                sent = self.clock()
+                try:
+                    self.store.append(self.run, resumable=resumable)
+                except VersionConflict:
+                    # Never a retry of our own write: an attempt that may have landed is
+                    # settled by a load before anything is sent again (ADR 0002).
+                    self.run.restore(checkpoint)
+                    self._lose_to_whoever_appended()
+                except StoreUnavailable as error:
+                    self.log.warning("store_unavailable", error=type(error).__name__)
+                    self._doubt = _Doubt(self.run.state, sent)
+                    continue  # settle it now: often the store is back at once
+                self.last_ok = sent
+                self._log_recorded(batch)
+                return True
+            remaining = self.last_ok + self.timings.self_fence_after_s - self.clock()
+            if remaining <= 0:
                 self.run.restore(checkpoint)
-                self._lose_to_whoever_appended()
-            except StoreUnavailable as error:
-                if self._resolve_ambiguity(checkpoint, error):
-                    return True
-                remaining = self.last_ok + self.timings.self_fence_after_s - self.clock()
-                if remaining <= 0:
-                    self.run.restore(checkpoint)
-                    self._lose(
-                        Outcome.LEASE_LOST,
-                        "self-fenced: the store stayed unreachable for half a lease",
-                    )
-                if not retry:
-                    self.run.restore(checkpoint)
-                    return False
-                self.sleep(min(delay, remaining))
-                delay = min(delay * 2, 1.0)
-                continue
-            self.last_ok = self.clock()
-            self._log_recorded(batch)
-            return True
+                self._lose(
+                    Outcome.LEASE_LOST,
+                    "self-fenced: the store stayed unreachable for half a lease",
+                )
+            if not retry:
+                return False
+            self.sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
 
-    def _resolve_ambiguity(self, checkpoint: Checkpoint, error: StoreUnavailable) -> bool:
-        """After a failed append: did it land? True if so (and it is marked committed)."""
-        self.log.warning("store_unavailable", error=type(error).__name__)
+    def _settle_doubt(self, checkpoint: Checkpoint) -> bool:
+        """Did the append in doubt land? Loads the run: at the state that append would have
+        left, it landed (its events are marked committed); still at our committed version,
+        it did not (they stay pending, to be sent again); anything else means somebody else
+        appended. Returns False while the store cannot be read. Raises LeaseLost."""
+        doubt = self._doubt
+        assert doubt is not None
         try:
             current = self.store.load(self.run.id)
         except StoreUnavailable:
             return False
+        self._doubt = None
         if current is None:
             self.run.restore(checkpoint)
             self._lose(Outcome.LEASE_LOST, "the run no longer exists")
         assert current is not None
-        if current.version == self.run.version and current.state == self.run.state:
-            landed = self.run.pending_events
-            self.run.mark_committed()
+        if current.version == doubt.state.version and current.state == doubt.state:
+            # Counted by versions: a store that marked the run before its reply was lost
+            # has already moved `committed_version`.
+            count = max(0, doubt.state.version - self.run.committed_version)
+            landed = self.run.pending_events[:count]
+            self.run.mark_committed_first(count)
             self._log_recorded(landed)
-            self.last_ok = self.clock()
+            self.last_ok = doubt.sent
             return True
         if current.version != self.run.committed_version:
             self.run.restore(checkpoint)
             self._lose_to(current)
-        return False
+        return True
 
     def _log_recorded(self, batch: tuple[RunEvent, ...]) -> None:
         """`step_recorded` once a step's record is in the log (not when the step ended)."""

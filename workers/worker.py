@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +20,12 @@ from uuid import uuid4
 
 import structlog
 
-from steptrail.domain.enums import Outcome
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.enums import Outcome, TerminationReason
+from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RunStore
+from steptrail.domain.run import Run
 from steptrail.workers.execute import (
+    CorruptResumableState,
     ExecutionConfig,
     Executor,
     SegmentResult,
@@ -105,6 +108,7 @@ class Worker:
                     if free == 0:
                         self._slot_freed.wait(0.5)
                         continue
+                sent = time.monotonic()  # claimed leases are counted from here (ADR 0016)
                 try:
                     # As many runs as there are free slots, in one round trip (capped, so one
                     # process does not hoard a burst that its peers could start sooner).
@@ -131,12 +135,29 @@ class Worker:
                     self._in_flight += len(claimed)
                     self.report.claimed += len(claimed)
                 for item in claimed:
-                    pool.submit(self._execute, executor, item)
+                    pool.submit(self._execute, executor, item, sent)
         keeper.close()
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
 
-    def _execute(self, executor: Executor, claimed: ClaimedRun) -> None:
+    def _refuse(self, run: Run, error: CorruptResumableState) -> SegmentResult:
+        """A resumed run whose saved calls no longer match its decision's digest must not
+        act: it is dead-lettered (not retryable: no retry makes the calls approved)."""
+        self.log.error(
+            "resumable_state_refused", run_id=str(run.id), version=run.version, why=str(error)
+        )
+        run.dead_letter(
+            actor=self.holder,
+            reason=TerminationReason.NOT_RETRYABLE,
+            cause="resumable_state_mismatch",
+        )
+        try:
+            self.store.append(run)
+        except (VersionConflict, StoreUnavailable):
+            return SegmentResult(run.id, Outcome.LEASE_LOST, run.status, run.committed_version)
+        return SegmentResult(run.id, Outcome.FAILED, run.status, run.version)
+
+    def _execute(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
         run = claimed.run
         log = self.log.bind(run_id=str(run.id), version=run.version)
         try:
@@ -145,7 +166,12 @@ class Worker:
                 request = decode_request(claimed.request)
             except ValueError:
                 request = {}
-            result = executor.execute(run, request, resumable=resumable_of(self.store, run))
+            try:
+                resumable = resumable_of(self.store, run)
+            except CorruptResumableState as error:
+                result = self._refuse(run, error)
+            else:
+                result = executor.execute(run, request, resumable=resumable, lease_from=sent)
             log.info("segment_finished", outcome=result.outcome.value, version=result.version)
             with self._slot_freed:
                 self.report.outcomes[result.outcome.value] += 1

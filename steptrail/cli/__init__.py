@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from steptrail.cli.app import cli
+from steptrail.cli.app import cli, run_cli
 
 __all__ = ["cli", "main"]
 
@@ -18,4 +18,4 @@ for _module in ("runs", "people", "views", "checks"):
 
 
 def main() -> None:
-    cli()
+    run_cli()

@@ -2,8 +2,9 @@
 known failures into exit codes, JSON output and progress bars.
 
 Exit codes: 0 success; 1 the run is unknown or cannot do that now (e.g. cancel a finished
-run); 2 bad input (unknown agent, malformed JSON, bad option or URL), nothing written; 3 the
-database cannot be reached or its schema is missing.
+run); 2 bad input (unknown agent, malformed JSON, bad option, setting or URL), nothing
+written; 3 the database cannot be reached or its schema is missing. Every error is one line,
+`error: …`, on stderr (ADR 0021).
 """
 
 from __future__ import annotations
@@ -26,15 +27,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from steptrail.domain.errors import (
     DigestMismatch,
     IllegalTransition,
+    InvalidActor,
     InvalidInput,
     StoreUnavailable,
     UnknownRun,
+    UnreadableEvent,
 )
-from steptrail.infrastructure.factory import SchemaMissing
+from steptrail.domain.limits import MAX_DEPTH, PayloadRejected, depth
+from steptrail.infrastructure.factory import ReadOnlyStore, SchemaMissing
 from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
+from steptrail.render import inert
 from steptrail.runtime import InvalidRequest, Runtime, open_runtime
-from steptrail.workers.decisions import CorruptResumableState
+from steptrail.workers.execute import CorruptResumableState
 from steptrail.workers.registry import App, UnknownAgent
 
 cli = typer.Typer(
@@ -61,7 +66,7 @@ class Options:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {inert(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -86,23 +91,61 @@ def load_app(ref: str) -> App:
 @contextmanager
 def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     """Open the runtime the global options describe, turning known failures into exits."""
+    rt = _open(ctx, ensure_schema=True, **overrides)
+    try:
+        yield rt
+    except (UnknownAgent, InvalidRequest, InvalidInput, InvalidActor, PayloadRejected) as error:
+        fail(str(error), 2)
+    except (
+        UnknownRun,
+        IllegalTransition,
+        DigestMismatch,
+        CorruptResumableState,
+        UnreadableEvent,
+        ReadOnlyStore,
+    ) as error:
+        fail(str(error), 1)
+    except StoreUnavailable as error:
+        fail(f"the database is not available: {error}", 3)
+    finally:
+        rt.close()
+
+
+def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
+    """The settings the environment, the global options and `overrides` describe."""
     options: Options = ctx.obj
+    if options.database_url is not None:
+        overrides = {**overrides, "database_url": options.database_url}
     try:
         settings = Settings(**overrides)
-        if options.database_url:
-            settings.database_url = options.database_url
-        configure_logging(settings.log_format, settings.log_level)
+    except ValueError as error:
+        message = str(error).splitlines()[0]
+        if options.database_url is not None and "DATABASE_URL" in message:
+            message = "--database-url must not be empty (sqlite:///path.db or postgresql://…)"
+        fail(message, 2)
+    return settings
+
+
+def _open(ctx: typer.Context, *, ensure_schema: bool, **overrides: Any) -> Runtime:
+    options: Options = ctx.obj
+    settings = settings_for(ctx, **overrides)
+    configure_logging(settings.log_format, settings.log_level)
+    try:
         app = load_app(options.app_ref) if options.app_ref else None
-        rt = open_runtime(app, settings=settings)
+        return open_runtime(app, settings=settings, ensure_schema=ensure_schema)
     except ValueError as error:
         fail(str(error).splitlines()[0], 2)
     except (StoreUnavailable, SchemaMissing) as error:
         fail(f"the database is not available: {error}", 3)
+
+
+@contextmanager
+def unmigrated_runtime(ctx: typer.Context) -> Iterator[Runtime]:
+    """A runtime whose schema may be missing or behind (for `migrate` only)."""
+    rt = _open(ctx, ensure_schema=False)
     try:
         yield rt
-    except (UnknownAgent, InvalidRequest, InvalidInput) as error:
-        fail(str(error), 2)
-    except (UnknownRun, IllegalTransition, DigestMismatch, CorruptResumableState) as error:
+    except ReadOnlyStore as error:
         fail(str(error), 1)
     except StoreUnavailable as error:
         fail(f"the database is not available: {error}", 3)
@@ -125,22 +168,55 @@ def progress_bars(describe: Callable[[str], str]) -> Iterator[Callable[[str, int
         yield advance
 
 
-def json_object(value: str, option: str) -> dict[str, Any]:
-    """The JSON object an option holds, or a clear exit-2 error."""
+def json_object(value: str, option: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """The JSON object an option holds, or a clear exit-2 error.
+
+    With `max_bytes`, the option may also be `@FILE` (read the file) or `-` (read standard
+    input), and no more than about twice `max_bytes` is read (white space may take room;
+    the canonical form is checked against `max_bytes` itself later).
+    """
+    if max_bytes is not None and (value == "-" or value.startswith("@")):
+        value = _read_source(value, option, max_bytes)
     try:
         body = json.loads(value)
     except json.JSONDecodeError as error:
         fail(f"{option} is not valid JSON: {error}", 2)
+    except RecursionError:
+        fail(f"{option} nests more than {MAX_DEPTH} levels of objects and arrays", 2)
     if not isinstance(body, dict):
         fail(f"{option} must be a JSON object", 2)
+    if depth(body) > MAX_DEPTH:
+        fail(f"{option} nests more than {MAX_DEPTH} levels of objects and arrays", 2)
     return body
+
+
+def _read_source(value: str, option: str, max_bytes: int) -> str:
+    allowed = 2 * max_bytes + 1024
+    try:
+        if value == "-":
+            raw = sys.stdin.buffer.read(allowed + 1)
+        else:
+            with open(value[1:], "rb") as source:
+                raw = source.read(allowed + 1)
+    except OSError as error:
+        fail(f"cannot read {option} from {value!r}: {error.strerror or error}", 2)
+    if len(raw) > allowed:
+        fail(
+            f"{option} from {value!r} is larger than {allowed:,} bytes "
+            f"(STEPTRAIL_MAX_REQUEST_BYTES is {max_bytes:,})",
+            2,
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"{option} from {value!r} is not UTF-8 text", 2)
 
 
 def parse_run_id(value: str) -> UUID:
     try:
         return UUID(value)
     except ValueError:
-        raise typer.BadParameter(f"{value!r} is not a run id (a UUID)") from None
+        fail(f"{value[:80]!r} is not a run id (a UUID)", 2)
 
 
 def emit_json(data: Any) -> None:
@@ -166,7 +242,8 @@ def main_options(
             "--database-url",
             metavar="URL",
             help="sqlite:///path.db or postgresql://user@host/db "
-            "(default: $STEPTRAIL_DATABASE_URL, else sqlite:///steptrail.db).",
+            "(default: $STEPTRAIL_DATABASE_URL, else sqlite:///steptrail.db). Add "
+            "?mode=ro to a SQLite URL to open it read-only.",
         ),
     ] = None,
 ) -> None:
@@ -188,3 +265,25 @@ def stop_on_signals(stop: Callable[[], None], message: str = "stopping") -> None
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def run_cli() -> None:
+    """Run the command line; usage errors become the same one-line `error: …` (exit 2) as
+    every other refusal, instead of a usage box."""
+    try:
+        code = cli(standalone_mode=False)
+    except typer.TyperException as error:
+        # typer's (vendored click's) usage errors: bad option values, unknown options,
+        # missing arguments. No arguments at all still shows the help.
+        exit_code = int(getattr(error, "exit_code", 1))
+        if type(error).__name__ == "NoArgsIsHelpError":
+            error.show()  # type: ignore[attr-defined]
+            sys.exit(exit_code)
+        format_message = getattr(error, "format_message", None)
+        message = format_message() if callable(format_message) else str(error)
+        err.print(f"[bold red]error:[/] {inert(message)}", highlight=False, soft_wrap=True)
+        sys.exit(exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

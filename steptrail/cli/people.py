@@ -13,6 +13,7 @@ from steptrail.cli.app import (
     out,
     parse_run_id,
     runtime,
+    settings_for,
 )
 
 ResumeOption = Annotated[
@@ -91,13 +92,18 @@ def submit_input(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
     by: Annotated[str, typer.Option("--by", help="Who submits (recorded; values are not).")],
-    values: Annotated[str, typer.Option("--values", help="The input, a JSON object.")],
+    values: Annotated[
+        str,
+        typer.Option(
+            "--values", help="The input, a JSON object (or @FILE, or - for standard input)."
+        ),
+    ],
     resume: ResumeOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Submit input to a run waiting for it; validated against its schema first."""
     rid = parse_run_id(run_id)
     mode = _resume_mode(resume)
-    body = json_object(values, "--values")
+    body = json_object(values, "--values", max_bytes=settings_for(ctx).max_payload_bytes)
     with runtime(ctx) as rt:
         _decided(rt.submit_input(rid, body, by=by, resume=mode), as_json)

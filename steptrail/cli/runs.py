@@ -16,16 +16,22 @@ from steptrail.cli.app import (
     out,
     parse_run_id,
     runtime,
+    settings_for,
     stop_on_signals,
+    unmigrated_runtime,
 )
 from steptrail.domain.enums import RunStatus, TerminationReason
 from steptrail.render import event_dict, print_run, row_dict, runs_table
 
+MAX_LIMIT = 10_000
+MAX_EVERY_S = 86_400.0
+
 
 @cli.command()
 def migrate(ctx: typer.Context) -> None:
-    """Create or upgrade the database schema (workers also do this on start, once)."""
-    with runtime(ctx, auto_migrate=False) as rt:
+    """Create or upgrade the database schema (workers also do this on start, once, unless
+    STEPTRAIL_AUTO_MIGRATE=false; this command works either way)."""
+    with unmigrated_runtime(ctx) as rt:
         applied = rt.store.migrate()
         out.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
@@ -35,7 +41,13 @@ def enqueue(
     ctx: typer.Context,
     agent: Annotated[str, typer.Argument(help="The registered agent to run.")],
     request: Annotated[
-        str, typer.Option("--request", "-r", help="The request, a JSON object.")
+        str,
+        typer.Option(
+            "--request",
+            "-r",
+            help="The request, a JSON object; or @FILE to read it from a file, or - to read "
+            "it from standard input (at most STEPTRAIL_MAX_REQUEST_BYTES, default 1 MiB).",
+        ),
     ] = "{}",
     key: Annotated[
         str | None,
@@ -49,7 +61,7 @@ def enqueue(
 ) -> None:
     """Put a run on the queue and print its id. Nothing is written if the agent is unknown
     or the request is not a valid JSON object."""
-    body = json_object(request, "--request")
+    body = json_object(request, "--request", max_bytes=settings_for(ctx).max_request_bytes)
     with runtime(ctx) as rt:
         run_id = rt.enqueue(agent, body, idempotency_key=key)
         if as_json:
@@ -62,7 +74,8 @@ def enqueue(
 def work(
     ctx: typer.Context,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Runs executed at once.")
+        int,
+        typer.Option("--concurrency", "-c", min=1, max=256, help="Runs executed at once."),
     ] = 1,
     burst: Annotated[
         bool,
@@ -132,7 +145,9 @@ def runs(
     reason: Annotated[
         TerminationReason | None, typer.Option("--reason", help="Only runs ended so.")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=MAX_LIMIT, help="At most this many.")
+    ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List runs, newest first. `--status waiting_for_approval` is the approvers' inbox:
@@ -162,13 +177,15 @@ def cancel(
 def reap(
     ctx: typer.Context,
     limit: Annotated[
-        int, typer.Option("--limit", min=1, help="Stale runs handled per pass (N >= 1).")
+        int,
+        typer.Option("--limit", min=1, max=MAX_LIMIT, help="Stale runs handled per pass (N >= 1)."),
     ] = 50,
     every: Annotated[
         float | None,
         typer.Option(
             "--every",
             min=0.1,
+            max=MAX_EVERY_S,
             metavar="SECONDS",
             help="Keep reaping every SECONDS (safe on several machines at once).",
         ),

@@ -7,6 +7,7 @@ import threading
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from steptrail.cli.app import (
@@ -20,7 +21,21 @@ from steptrail.cli.app import (
     runtime,
     stop_on_signals,
 )
-from steptrail.render import event_dict, trail_table
+from steptrail.cli.runs import MAX_EVERY_S, MAX_LIMIT
+from steptrail.domain.errors import StoreUnavailable
+from steptrail.infrastructure.factory import ReadOnlyStore
+from steptrail.infrastructure.settings import MAX_DAYS
+from steptrail.render import add_row, event_dict, inert, trail_table
+from steptrail.runtime import Runtime
+
+
+def refresh_views(rt: Runtime) -> None:
+    """Bring the views up to the log, unless the database is read-only (then they are shown
+    as last projected, and stderr says so)."""
+    try:
+        rt.project()
+    except ReadOnlyStore:
+        err.print("note: the database is read-only; views are shown as last brought up to date")
 
 
 @cli.command()
@@ -31,9 +46,15 @@ def stats(
     """Counts by agent and status, and by reason; the oldest queued run's age and the number
     of expired leases (from the live run index)."""
     with runtime(ctx) as rt:
-        rt.project()
+        try:
+            refresh_views(rt)
+        except StoreUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - a poison batch: show the rest, and say so
+            rt.projector().failed(error, 1)
         views = rt.views
         counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
+        runner = views.runner()
     oldest = (
         (health.now - health.oldest_queued_at).total_seconds()
         if health.oldest_queued_at is not None
@@ -50,6 +71,11 @@ def stats(
                 ],
                 "oldest_queued_age_seconds": oldest,
                 "stale_leases": health.stale_leases,
+                "views": {
+                    "position": list(runner.position),
+                    "failed_batches": runner.failures,
+                    "last_error": runner.last_error,
+                },
             }
         )
         return
@@ -57,28 +83,37 @@ def stats(
     for column in ("agent", "status", "count"):
         table.add_column(column)
     for (agent, status), n in counts.items():
-        table.add_row(agent, status, str(n))
+        add_row(table, agent, status, n)
     out.print(table)
     by_reason = Table(title="Ended runs by reason")
     for column in ("status", "reason", "count"):
         by_reason.add_column(column)
     for (status, reason), n in reasons.items():
-        by_reason.add_row(status, reason, str(n))
+        add_row(by_reason, status, reason, n)
     out.print(by_reason)
     out.print(f"oldest queued run: {f'{oldest:.1f} s' if oldest is not None else 'none queued'}")
     out.print(f"expired leases (stale runs awaiting the reaper): {health.stale_leases}")
+    if runner.failures:
+        out.print(
+            f"[red]views stuck[/red]: {runner.failures} batch(es) failed in a row at position "
+            f"{runner.position}; last error: {escape(runner.last_error or '')}",
+            markup=True,
+            highlight=False,
+        )
 
 
 @cli.command("dead-letters")
 def dead_letters(
     ctx: typer.Context,
     agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=MAX_LIMIT, help="At most this many.")
+    ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Dead-lettered runs, newest first: reason, failure class, requeues, when."""
     with runtime(ctx) as rt:
-        rt.project()
+        refresh_views(rt)
         rows = rt.views.dead_letters(limit=limit, agent=agent)
     if as_json:
         emit_json(
@@ -96,7 +131,8 @@ def dead_letters(
     for column in ("run", "agent", "reason", "cause", "failure", "requeues", "when"):
         table.add_column(column, overflow="fold")
     for r in rows:
-        table.add_row(
+        add_row(
+            table,
             str(r.run_id),
             r.agent,
             r.reason,
@@ -112,7 +148,7 @@ def dead_letters(
 def audit(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
-    at: Annotated[int, typer.Option("--at", min=1, help="The version to look at.")],
+    at: Annotated[int, typer.Option("--at", min=1, max=2**31 - 1, help="The version to look at.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """A run's state as of any version, replayed from its log, and the events up to it."""
@@ -131,7 +167,7 @@ def audit(
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key, value in state.model_dump(mode="json").items():
-        table.add_row(key, str(value))
+        add_row(table, key, value)
     out.print(table)
     out.print(trail_table(events))
 
@@ -144,6 +180,7 @@ def project(
         typer.Option(
             "--every",
             min=0.05,
+            max=MAX_EVERY_S,
             metavar="SECONDS",
             help="Keep the views up to date, looking every SECONDS.",
         ),
@@ -188,7 +225,7 @@ def verify(ctx: typer.Context) -> None:
     with runtime(ctx) as rt:
         problems = rt.verify()
         for problem in problems:
-            out.print(problem)
+            out.print(inert(problem))
         out.print(f"{len(problems)} difference(s) between the live views and the log")
         if problems:
             raise typer.Exit(1)
@@ -202,12 +239,13 @@ def purge(
         typer.Option(
             "--days",
             min=1,
+            max=MAX_DAYS,
             help="Purge runs created more than N days ago, whatever "
             "their category (overrides every retention window).",
         ),
     ] = None,
     batch: Annotated[
-        int, typer.Option("--batch", min=1, help="Runs removed per transaction.")
+        int, typer.Option("--batch", min=1, max=MAX_LIMIT, help="Runs removed per transaction.")
     ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -240,18 +278,23 @@ def metrics(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
 ) -> None:
     """Prometheus metrics read from the views: runs by agent and status, ended runs by
-    reason, the oldest queued run's age, expired leases."""
-    from prometheus_client import generate_latest, start_http_server
+    reason, the oldest queued run's age, expired leases. Printed once, the views are brought
+    up to date first; served, a scrape only reads them (workers keep them current)."""
+    from prometheus_client import generate_latest
 
     from steptrail.metrics import registry_for
+    from steptrail.metrics import serve as serve_metrics
 
     with runtime(ctx) as rt:
-        registry = registry_for(rt)
         if serve is None:
-            out.file.write(generate_latest(registry).decode("utf-8"))
+            refresh_views(rt)
+            out.file.write(generate_latest(registry_for(rt)).decode("utf-8"))
             return
-        server, thread = start_http_server(serve, addr=host, registry=registry)
-        err.print(f"serving metrics on http://{host}:{serve}/metrics (Ctrl-C to stop)")
+        try:
+            server, thread = serve_metrics(rt, host, serve)
+        except OSError as error:
+            fail(f"cannot serve metrics on {host}:{serve}: {error.strerror or error}", 2)
+        err.print(f"serving metrics on http://{inert(host)}:{serve}/metrics (Ctrl-C to stop)")
         stop = threading.Event()
         stop_on_signals(stop.set)
         stop.wait()

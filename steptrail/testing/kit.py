@@ -222,6 +222,7 @@ class Kit:
     def _execute_one(self, executor: Executor, run_id: UUID) -> SegmentResult | None:
         settings = self.runtime.settings
         agent = self.runtime.get(run_id).state.agent
+        sent = time.monotonic()  # the lease counts from the claim's sending (ADR 0016)
         claimed = self.store.claim_batch(
             holder=holder_name("testing"), lease_ms=settings.lease_ms, agents=[agent], limit=1
         )
@@ -229,7 +230,8 @@ class Kit:
             return None
         run = claimed[0].run
         request = decode_request(claimed[0].request)
-        result = executor.execute(run, request, resumable=resumable_of(self.store, run))
+        resumable = resumable_of(self.store, run)
+        result = executor.execute(run, request, resumable=resumable, lease_from=sent)
         return result if run.id == run_id else None
 
     def _executor(self, plan: FaultPlan) -> Executor:

@@ -31,3 +31,33 @@ def witnessed(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
     ctx.tool("send_email", send)
     ctx.llm("wrap-up", lambda: "done")
     return {}
+
+
+def nested(levels: int) -> Any:
+    """A value `levels` arrays deep."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@app.agent("deep")
+def deep(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """Builds a value `levels` deep itself (the request stays small) and puts it `where`:
+    in a step's result, the run's result, or the conversation saved at an approval."""
+    value = nested(int(request["levels"]))
+    where = request.get("where", "result")
+    if where == "step":
+        ctx.llm("deep-step", lambda: value)
+    if where == "conversation":
+        ctx.request_approval([{"name": "send_email"}], conversation=value)
+    return {"value": value} if where == "result" else {}
+
+
+@app.agent("asks")
+def asks(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """Waits for input against whatever schema the request carries (unchecked by a request
+    model, unlike the scripted agent), then completes."""
+    if ctx.resumed is None:
+        ctx.request_input(request["schema"], prompt="?")
+    return {"keys": sorted(ctx.resumed.values or {})}

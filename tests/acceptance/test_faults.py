@@ -12,6 +12,7 @@ import json
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +27,7 @@ from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from tests.acceptance import agents
-from tests.acceptance.helpers import spawn_worker
+from tests.acceptance.helpers import spawn_worker, steptrail
 from tests.conftest import make_runtime
 
 pytestmark = pytest.mark.slow
@@ -213,6 +214,53 @@ def test_crash__sigkill_at_step_4_of_6_resumes_from_the_journal(
         rt.close()
 
 
+@pytest.mark.parametrize(
+    ("crash_at", "ends"),
+    [(3, RunStatus.COMPLETED), (2, RunStatus.FAILED)],
+    ids=["after-the-recorded-write", "inside-the-write"],
+)
+def test_crash__a_write_is_never_sent_twice(
+    db_url: str, tmp_path: Path, crash_at: int, ends: RunStatus
+) -> None:
+    """A worker process is SIGKILLed after its e-mail (step 2) was recorded: the rescuer
+    replays the write and finishes the run. Killed inside the write, whose result is
+    unknown: the reaper dead-letters the run not_retryable instead of sending again.
+    Either way one e-mail was sent (counted outside the database)."""
+    rt = make_runtime(db_url, lease_seconds=1.0)
+    env = {"STEPTRAIL_LEASE_SECONDS": "1.0"}
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        run_id = rt.enqueue(
+            "scripted",
+            {
+                "steps": 4,
+                "tool": {"effect": "non_idempotent_write", "at": 2},
+                "crash": {"at": crash_at, "times": 1},
+                "witness": str(witness),
+            },
+        )
+        procs.append(spawn_worker(db_url, log=tmp_path / "victim.log", **env))
+        assert procs[0].wait(60) == -signal.SIGKILL
+        assert wait_until(lambda: rt.reap().reaped == 1, 15, step=0.2)
+        procs.append(spawn_worker(db_url, log=tmp_path / "rescuer.log", **env))
+        assert wait_until(lambda: rt.get(run_id).status.is_terminal, 60)
+        row = rt.get(run_id)
+        assert row.status is ends
+        assert executions(witness, run_id)[2] == 1
+        if ends is RunStatus.FAILED:
+            assert row.state.reason is TerminationReason.NOT_RETRYABLE
+            assert [p.tool for p in row.state.pending_effects] == ["send_email"]
+        else:
+            trail = check_trails(rt, [run_id])[run_id]
+            assert [e.count for e in trail if isinstance(e, Run.Replayed)] == [2]
+        assert rt.store.journal(run_id) == []
+    finally:
+        stop(procs)
+        rt.close()
+
+
 def holder_events(trail: list[Any], holder: str) -> list[str]:
     return [type(e).__name__ for e in trail if e.actor == holder]
 
@@ -360,4 +408,74 @@ def test_sigterm__worker_finishes_runs_in_flight_then_exits(db_url: str, tmp_pat
         assert rt.get(slow).status is RunStatus.COMPLETED
         assert rt.get(later).status is RunStatus.QUEUED
     finally:
+        rt.close()
+
+
+def hold_lock(pg_url: str, seconds: float, taken: threading.Event) -> None:
+    """`LOCK TABLE` the run index and the log as a rebuild does, for `seconds`."""
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE")
+        taken.set()
+        time.sleep(seconds)
+        conn.commit()
+
+
+@pytest.mark.parametrize("lock", [True, False], ids=["lock-table", "rebuild-only"])
+def test_lock_waits__no_live_run_reclaimed(
+    db_url: str, backend: str, lock: bool, tmp_path: Path
+) -> None:
+    """Workers run long runs under short leases while the reaper runs, `rebuild` runs
+    again and again and (PostgreSQL) the log is locked for three lease lengths: every
+    renewal that waited is honoured, no live run is reclaimed, every run completes once."""
+    if lock and backend != "postgres":
+        pytest.skip("LOCK TABLE is PostgreSQL's; SQLite's writers take turns on one lock")
+    lease = 1.0
+    rt = make_runtime(db_url, lease_seconds=lease)
+    env = {"STEPTRAIL_LEASE_SECONDS": str(lease)}
+    procs: list[subprocess.Popen[Any]] = []
+    stop_reaper = threading.Event()
+    reaper = threading.Thread(
+        target=rt.reaper().reap_every, args=(0.1,), kwargs={"stop": stop_reaper}
+    )
+    try:
+        ids = [rt.enqueue("scripted", {"steps": 16, "sleep": 0.3}) for _ in range(6)]
+        procs = [
+            spawn_worker(db_url, "--concurrency", "3", log=tmp_path / f"w{i}.log", **env)
+            for i in range(2)
+        ]
+        reaper.start()
+        assert wait_until(
+            lambda: sum(r.status is RunStatus.RUNNING for r in rt.runs(limit=10)) >= 4, 30
+        )
+        rebuilds: list[tuple[int, bool]] = []  # (exit code, runs still in flight after it)
+
+        def rebuild_again_and_again() -> None:
+            for _ in range(3):
+                done = steptrail("rebuild", url=db_url, **env)
+                rebuilds.append((done.returncode, not all_terminal(rt, ids)))
+
+        rebuilder = threading.Thread(target=rebuild_again_and_again)
+        rebuilder.start()
+        if lock:
+            taken = threading.Event()
+            hold_lock(db_url, 3 * lease, taken)
+            assert taken.is_set()
+            assert not all_terminal(rt, ids), "the lock must be released with runs in flight"
+        rebuilder.join(120)
+        assert [code for code, _ in rebuilds] == [0, 0, 0]
+        assert rebuilds[0][1], "a rebuild must end while runs are in flight"
+        assert wait_until(lambda: all_terminal(rt, ids), 90)
+        trails = check_trails(rt, ids)
+        for run_id, events in trails.items():
+            kinds = [type(e).__name__ for e in events]
+            assert "Reclaimed" not in kinds, (run_id, kinds)
+            assert kinds[-1] == "Completed", (run_id, kinds)
+            assert kinds.count("Claimed") == 1, (run_id, kinds)
+        rt.project()
+        assert rt.verify() == []
+    finally:
+        stop_reaper.set()
+        if reaper.is_alive():
+            reaper.join(10)
+        stop(procs)
         rt.close()

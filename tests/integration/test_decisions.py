@@ -24,7 +24,8 @@ from steptrail.domain.enums import (
 from steptrail.domain.errors import DigestMismatch, IllegalTransition, InvalidInput
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
-from steptrail.workers.decisions import AlreadyResuming, CorruptResumableState
+from steptrail.workers.decisions import AlreadyResuming
+from steptrail.workers.execute import CorruptResumableState
 from tests.conftest import make_runtime
 
 APPROVE_AT_2 = {"steps": 3, "approval": {"at": 2, "tools": ["send_email"]}}
@@ -231,6 +232,23 @@ def test_corrupt_resumable_state__refused_before_anything_changes(runtime: Runti
     with pytest.raises(CorruptResumableState):
         runtime.approve(run_id, by="alice")
     assert names(runtime, run_id) == before
+
+
+def test_queue_resume__calls_altered_after_approval_never_run(runtime: Runtime) -> None:
+    """Calls changed in the database after the approval, before a worker resumes the run,
+    do not run: the worker re-checks the decision's digest and dead-letters the run."""
+    run_id = waiting_run(runtime)
+    runtime.approve(run_id, by="alice", digest=runtime.pending(run_id).digest)
+    altered = {"kind": "approval", "calls": [{"name": "send_email", "arguments": {"to": "eve"}}]}
+    _overwrite_resumable(runtime, run_id, json.dumps(altered).encode())
+    report = runtime.work(burst=True)
+    assert report.outcomes == {"failed": 1}
+    row = runtime.get(run_id)
+    assert (row.status, row.state.reason) == (RunStatus.FAILED, TerminationReason.NOT_RETRYABLE)
+    trail = names(runtime, run_id)
+    assert "EffectPending" not in trail[trail.index("Decided") :]
+    assert runtime.history(run_id)[-1].event.cause == "resumable_state_mismatch"
+    assert runtime.store.saved(run_id, "resumable") is None
 
 
 def _overwrite_resumable(rt: Runtime, run_id: UUID, body: bytes) -> None:

@@ -3,6 +3,7 @@ decisions, writes never repeated, code changes refused, deadlines, the journal's
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections import Counter
@@ -14,6 +15,7 @@ import pytest
 
 from steptrail import App, RunContext
 from steptrail.domain.enums import FailureClass, Outcome, RunStatus, TerminationReason
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from steptrail.testing import Kit
@@ -415,3 +417,78 @@ def test_journal__kept_while_waiting_and_deleted_on_settle(runtime: Runtime) -> 
     assert "thought 1" not in str(step.payload)  # metadata level: the log has no content
     runtime.cancel(run_id, by="op")
     assert runtime.store.journal(run_id) == []
+
+
+def test_timed_step__its_own_error_and_context_reach_the_agent(db_url: str) -> None:
+    """A step run on a helper thread (it has a deadline) raises its own exception in the
+    agent's thread, recorded with its class, and sees the caller's context variables."""
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen: list[str] = []
+    app = App()
+
+    @app.agent("flaky", step_timeout=5)
+    def flaky(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        request_id.set("req-7")
+
+        def call() -> str:
+            seen.append(request_id.get())
+            if ctx.attempt == 1:
+                raise ConnectionError("reset")
+            return "ok"
+
+        ctx.llm("call", call)
+        return {}
+
+    rt = make_runtime(db_url, app=app)
+    try:
+        run_id = rt.enqueue("flaky", {})
+        work_until_settled(rt, run_id)
+        trail = events(rt, run_id)
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        steps = [e.error_type for e in trail if isinstance(e, Run.StepRecorded)]
+        assert steps == ["ConnectionError", None]
+        assert [e.failure_class for e in trail if isinstance(e, Run.Requeued)] == ["connection"]
+        assert seen == ["req-7", "req-7"]
+    finally:
+        rt.close()
+
+
+def test_journal_unreadable__segment_does_not_start(db_url: str) -> None:
+    """A segment that cannot read its run's journal does not call the agent (it would run
+    recorded steps again); the run is left for the reaper."""
+    calls: list[int] = []
+    app = App()
+
+    @app.agent("counted")
+    def counted(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("one", lambda: calls.append(1) or 1)
+        if ctx.attempt == 1:
+            raise ConnectionError("again")
+        return {}
+
+    rt = make_runtime(db_url, app=app, retry_base_seconds=0.3)
+    try:
+        run_id = rt.enqueue("counted", {})
+        rt.work(burst=True)
+        assert rt.get(run_id).status is RunStatus.QUEUED
+        store = rt.store
+
+        class Unreadable:
+            def journal(self, run_id: UUID) -> Any:
+                raise StoreUnavailable("connection refused")
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(store, name)
+
+        rt.store = Unreadable()  # type: ignore[assignment]
+        outcomes: Counter[str] = Counter()
+        deadline = time.monotonic() + 10
+        while not outcomes and time.monotonic() < deadline:  # until the retry is due
+            outcomes = rt.work(burst=True).outcomes
+            time.sleep(0.05)
+        assert outcomes == {"lease_lost": 1}
+        assert calls == [1]
+        rt.store = store
+        assert rt.get(run_id).status is RunStatus.RUNNING
+    finally:
+        rt.close()

@@ -107,8 +107,8 @@ def test_reap__limit_and_oldest_first(store: Any) -> None:
 def race_once(store: Any) -> tuple[bool, bool, RunStatus]:
     """Fire a heartbeat and a reaper pass at one stale run at the same instant.
 
-    Returns (heartbeat landed, reaper reclaimed, status afterwards), then settles the run so
-    the next round starts clean.
+    Returns (heartbeat landed, reaper reclaimed in the race, status the race left), then
+    settles the run so the next round starts clean.
     """
     run = stale_run(store, lease_ms=20)
     time.sleep(0.05)
@@ -135,9 +135,19 @@ def race_once(store: Any) -> tuple[bool, bool, RunStatus]:
         t.join()
     final = store.load(run.id)
     status = final.status
+    reclaimed = outcome["report"].requeued == 1
+    if outcome["heartbeat"] and reclaimed:
+        # Both may land only in turn: the reclaim came after the heartbeat's own 20 ms lease
+        # had run out (a loaded machine), never in the race.
+        *_, beat, reclaim = store.history(run.id)
+        assert isinstance(beat.event, Run.StepRecorded)
+        assert isinstance(reclaim.event, Run.Reclaimed)
+        assert (reclaim.recorded_at - beat.recorded_at).total_seconds() >= 0.02
+        assert status is RunStatus.QUEUED
+        reclaimed, status = False, RunStatus.RUNNING  # the race itself: the heartbeat won
     final.cancel(actor="test")
     store.append(final)
-    return outcome["heartbeat"], outcome["report"].requeued == 1, status
+    return outcome["heartbeat"], reclaimed, status
 
 
 def test_reap__renewed_lease_wins_race(store: Any) -> None:

@@ -276,6 +276,43 @@ def test_privacy__planted_secrets_reach_no_table(runtime: Runtime, kind: str, le
         assert marker in text  # redacted keeps the rest of the content
 
 
+def test_purge__never_removes_a_run_under_a_live_lease(runtime: Runtime) -> None:
+    """An old run that a worker holds under a live lease is skipped and reported; old
+    waiting, queued and dead-leased (worker gone) runs are purged as before."""
+    from steptrail.domain.enums import WaitKind
+
+    rt = runtime
+    store: Any = rt.store
+
+    def claimed(lease_ms: int) -> Any:
+        rt.enqueue("scripted", {})
+        got = store.claim(holder="worker:test:1:x", lease_ms=lease_ms, agents=["scripted"])
+        assert got is not None
+        return got.run
+
+    live, dead, waiting = claimed(900_000), claimed(900_000), claimed(900_000)
+    waiting.suspend(kind=WaitKind.APPROVAL, digest="sha256:x")
+    store.append(waiting, resumable=b"{}")
+    queued = rt.enqueue("scripted", {})
+    age(rt, [live.id, dead.id, waiting.id, queued], 40)  # every lease is 40 days over too
+    live.renew_lease()  # ... except this one: its worker is alive and renews
+    store.append(live)
+
+    report = rt.purge(days=30)
+
+    assert report.skipped == {"approval": [live.id]}
+    assert report.removed == {"agent_run": 0, "approval": 3}
+    assert "Skipped 1 run(s) running under a live lease" in report.summary()
+    assert report.as_dict()["skipped_live_lease"] == {"approval": [str(live.id)]}
+    assert rt.get(live.id).status is RunStatus.RUNNING
+    for gone in (dead.id, waiting.id, queued):
+        with pytest.raises(UnknownRun):
+            rt.get(gone)
+    live.record_step(kind="llm", name="after-purge", duration_ms=1)
+    store.append(live)  # the holder carries on, its history intact
+    assert len(rt.history(live.id)) == 4
+
+
 def journal_canary_app() -> App:
     """A run whose only verbatim content is a step result: a canary derived from the
     request (never equal to it), so before the purge it can only be in the journal."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -18,6 +19,7 @@ from steptrail.domain.run import Run, fold
 from steptrail.infrastructure import codec, postgres, sqlite
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.runtime import Runtime
+from steptrail.workers.projector import Projector
 
 
 def scripted_mix(rt: Runtime) -> list[UUID]:
@@ -203,9 +205,9 @@ def test_snapshot__loading_a_long_run_replays_nothing(
     decoded = Counter[str]()
     real = codec.decode_event
 
-    def counting(topic: str, state: bytes) -> Any:
+    def counting(topic: str, state: bytes, **where: str) -> Any:
         decoded[topic] += 1
-        return real(topic, state)
+        return real(topic, state, **where)
 
     for module in (codec, postgres, sqlite):
         monkeypatch.setattr(module, "decode_event", counting)
@@ -346,3 +348,83 @@ def test_runner__waits_for_a_lower_id_that_commits_later(pg_url: str) -> None:
         assert rt.verify() == []
     finally:
         rt.close()
+
+
+class PoisonedViews:
+    """The real views, except that batches fail while `poisoned` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.poisoned = True
+        self.failed_batches = 0
+
+    def process_batch(self, limit: int = 1000) -> Any:
+        if self.poisoned:
+            self.failed_batches += 1
+            raise ValueError("Queued cannot follow Completed")
+        return self.inner.process_batch(limit)
+
+    def record_failure(self, error: str) -> None:
+        self.inner.record_failure(error)
+
+
+def test_runner__poison_batch_is_reported_and_retried(runtime: Runtime) -> None:
+    """A batch that keeps failing does not end the runner: it is recorded where operators
+    look (failed batches, last error), retried, and cleared once a batch commits."""
+    runtime.enqueue("scripted", {})
+    views = PoisonedViews(runtime.views)
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=Projector(views, log=runtime.log).run_forever, args=(0.01, stop)
+    )
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while views.failed_batches < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runner.is_alive()
+        health = runtime.views.runner()
+        assert health.failures >= 2
+        assert health.last_error == "ValueError: Queued cannot follow Completed"
+        views.poisoned = False
+        while runtime.views.runner().failures and time.monotonic() < deadline + 10:
+            time.sleep(0.02)
+        assert runtime.views.runner().failures == 0
+        assert runtime.views.runner().last_error is None
+        assert runtime.views.status_counts() == {("scripted", "queued"): 1}
+    finally:
+        stop.set()
+        runner.join(10)
+
+
+def test_verify__no_false_drift_while_workers_write(store: Any) -> None:
+    """`verify` reads the run index and the log in one snapshot: writers appending all the
+    while never make it report drift."""
+    from steptrail.workers import maintenance
+
+    runs = []
+    for _ in range(4):
+        store.create(
+            Run.enqueue(run_id=uuid.uuid4(), agent="a", request_digest="d", actor="t"),
+            request=b"{}",
+        )
+        claimed = store.claim(holder="worker:test", lease_ms=60_000, agents=["a"])
+        runs.append(claimed.run)
+    stop = threading.Event()
+
+    def write(run: Run) -> None:
+        while not stop.is_set():
+            run.record_step(kind="llm", name="s", duration_ms=1)
+            store.append(run)
+
+    writers = [threading.Thread(target=write, args=(r,)) for r in runs]
+    for w in writers:
+        w.start()
+    try:
+        reports = [maintenance.verify_index(store) for _ in range(15)]
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(10)
+    assert sum(len(store.history(r.id)) for r in runs) > 4 * 2 + 15  # they did write
+    assert reports == [[]] * 15

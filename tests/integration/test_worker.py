@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -262,10 +263,18 @@ class FlakyStore:
             self.inner.append(run, resumable=resumable)
             self.mode = "ok"
             raise StoreUnavailable("server closed the connection unexpectedly")
+        if self.mode == "lost-ack-then-load-fails":
+            # Committed, but the caller's run is left as a lost reply leaves it: pending.
+            self.inner.append(copy.deepcopy(run), resumable=resumable)
+            self.mode = "load-fails-once"
+            raise StoreUnavailable("server closed the connection unexpectedly")
         self.inner.append(run, resumable=resumable)
 
     def load(self, run_id: UUID) -> Run | None:
         if self.mode == "down":
+            raise StoreUnavailable("connection refused")
+        if self.mode == "load-fails-once":
+            self.mode = "ok"
             raise StoreUnavailable("connection refused")
         return self.inner.load(run_id)  # type: ignore[no-any-return]
 
@@ -311,6 +320,30 @@ def test_ambiguous_append__landed_commit_is_recognised(db_url: str) -> None:
         gate.release.set()
         thread.join(10)
         assert [r.outcome for r in results] == [Outcome.COMPLETED]
+        assert events_of(rt, run_id).count("StepRecorded") == 2
+    finally:
+        rt.close()
+
+
+def test_ambiguous_append__own_write_is_not_a_conflict(db_url: str) -> None:
+    """The reply to an append is lost and the load that follows fails too: the segment
+    sends nothing blind, finds its own write once the store answers, and completes (the
+    write tool runs; no lease_lost, no dead letter)."""
+    gate = Gate()
+    rt = make_runtime(db_url, app=gated_app(gate))
+    try:
+        flaky = FlakyStore(rt.store)
+        rt.store = flaky  # type: ignore[assignment]
+        run_id = rt.enqueue("gated", {})
+        results: list[Any] = []
+        thread = run_in_thread(rt, results)
+        assert gate.entered.wait(10)
+        flaky.mode = "lost-ack-then-load-fails"
+        gate.release.set()
+        thread.join(10)
+        assert [r.outcome for r in results] == [Outcome.COMPLETED]
+        assert "email-sent" in gate.after
+        assert rt.get(run_id).status is RunStatus.COMPLETED
         assert events_of(rt, run_id).count("StepRecorded") == 2
     finally:
         rt.close()

@@ -228,7 +228,7 @@ def test_legal_table__covers_every_command() -> None:
         for name, value in vars(Run).items()
         if callable(value) and not name.startswith("_") and not isinstance(value, type)
     }
-    commands = public - {"mark_committed", "checkpoint", "restore"}
+    commands = public - {"mark_committed", "mark_committed_first", "checkpoint", "restore"}
     assert commands == set(COMMANDS)
 
 

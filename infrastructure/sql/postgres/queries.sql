@@ -29,27 +29,31 @@ LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE;
 -- name: insert_run
 -- A new run's row, creation event and saved request, unless its idempotency key is taken:
 -- then nothing is inserted and no row comes back (the caller reads the existing run). A
--- queued run wakes idle workers (NOTIFY is delivered at commit).
-WITH new_run AS (
+-- queued run wakes idle workers (NOTIFY is delivered at commit). The instant is read once,
+-- after the statement's table locks (clock_timestamp, not the statement's start: ADR 0016),
+-- and is the event's recorded_at too, so a rebuilt index equals this row.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
         lease_expires_at, available_at, created_at, updated_at
-    ) VALUES (
+    ) SELECT
         %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
         %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
         %(idempotency_key)s, %(doc)s,
         CASE WHEN %(status)s = 'running'
-            THEN now() + %(lease_ms)s::bigint * interval '1 millisecond' END,
+            THEN clock.at + %(lease_ms)s::bigint * interval '1 millisecond' END,
         CASE WHEN %(status)s = 'queued'
-            THEN now() + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-        now(), now()
-    )
+            THEN clock.at + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
+        clock.at, clock.at
+    FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING run_id, status, agent
+    RETURNING run_id, status, agent, created_at
 ), new_event AS (
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
-    SELECT run_id, 1, %(topic)s, %(state)s FROM new_run
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+    SELECT run_id, 1, %(topic)s, %(state)s, created_at FROM new_run
 ), new_request AS (
     INSERT INTO steptrail_saved (run_id, kind, body)
     SELECT run_id, 'request', %(request)s::bytea FROM new_run
@@ -59,9 +63,9 @@ SELECT run_id,
        CASE WHEN status = 'queued' THEN pg_notify('steptrail_queued', agent) END AS woken
 FROM new_run;
 -- name: append
--- See steptrail_append (migration 0005): lock the row and check the version (the fence),
--- then insert the events and the steps' journal entries, maintain saved state and wake
--- workers; one round trip.
+-- See steptrail_append (migrations 0005, 0006): take the locks, then read the clock (ADR
+-- 0016), check the version (the fence), insert the events and the steps' journal entries,
+-- maintain saved state and wake workers; one round trip.
 SELECT steptrail_append(
     %(run_id)s, %(expected)s, %(versions)s, %(topics)s, %(states)s,
     %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s, %(lease_ms)s,
@@ -80,16 +84,27 @@ SELECT steptrail_append(
 -- written, like every writer. The Claimed payload does not depend on the run, so it is
 -- serialised by the caller; the column updates are the Claimed fold (Run.Claimed.apply),
 -- which the rebuild tests check.
-WITH picked AS (
+--
+-- Two instants, on purpose (ADR 0016). Which runs are available is judged at the statement's
+-- start (now()); the lease starts at `clock`, read once when the statement first needs it,
+-- which is after every table lock the statement takes (they are all taken before it runs)
+-- and SKIP LOCKED never waits on a row: a claim that queued behind a rebuild still gets a
+-- whole lease. Judging availability at the start is also what keeps a multi-row claim's
+-- events in reading order (ADR 0018): a row re-checked after somebody changed it passes
+-- only if it is still queued and was available before this statement began, and every
+-- change to a queued run either leaves it not queued or makes it available later than that.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), picked AS (
     SELECT run_id, version FROM steptrail_runs
     WHERE status = 'queued' AND available_at <= now() AND agent = ANY(%(agents)s::text[])
     ORDER BY available_at, run_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed_event AS (
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state)
-    SELECT run_id, version + 1, %(topic)s, %(state)s FROM picked
-    RETURNING originator_id, originator_version
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+    SELECT run_id, version + 1, %(topic)s, %(state)s, clock.at FROM picked, clock
+    RETURNING originator_id, originator_version, recorded_at
 ), claimed AS (
     UPDATE steptrail_runs AS r SET
         status = 'running',
@@ -98,9 +113,9 @@ WITH picked AS (
         holder = %(holder)s,
         lease_ms = %(lease_ms)s,
         claim_version = e.originator_version,
-        lease_expires_at = now() + %(lease_ms)s::bigint * interval '1 millisecond',
+        lease_expires_at = e.recorded_at + %(lease_ms)s::bigint * interval '1 millisecond',
         available_at = NULL,
-        updated_at = now()
+        updated_at = e.recorded_at
     FROM claimed_event AS e
     WHERE r.run_id = e.originator_id
     RETURNING r.*
@@ -123,11 +138,21 @@ SELECT body FROM steptrail_saved WHERE run_id = %(run_id)s AND kind = %(kind)s;
 SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
 WHERE run_id = %(run_id)s ORDER BY seq;
 
+-- name: lock_for_reaper
+-- The reaper judges staleness only after every write already queued has landed (ADR 0016).
+-- SHARE conflicts with the ROW EXCLUSIVE every writer holds from its first statement: the
+-- scan waits for writers in flight, and a renewal that sat behind a rebuild or a LOCK TABLE
+-- is ahead of the reaper in the lock queue, so it commits its new lease before the reaper
+-- looks. Held for the scan only (milliseconds); new writers wait that long.
+LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
+
 -- name: select_stale
 -- Only running runs whose lease expired by the store's clock, oldest deadline first; the
 -- partial index on lease_expires_at makes this proportional to the stale runs returned.
+-- statement_timestamp(): this statement starts after lock_for_reaper was granted, and
+-- unlike clock_timestamp() it is stable, so the lease index can answer the comparison.
 SELECT * FROM steptrail_runs
-WHERE status = 'running' AND lease_expires_at < now()
+WHERE status = 'running' AND lease_expires_at < statement_timestamp()
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
 
@@ -154,6 +179,11 @@ LIMIT %(limit)s;
 
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
+
+-- name: snapshot_for_verify
+-- `verify` compares the index with the log: both must come from one snapshot, or a write
+-- landing between the two reads looks like drift. First statement of its transaction.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: delete_all_runs
 DELETE FROM steptrail_runs;
@@ -187,10 +217,20 @@ ON CONFLICT (projection) DO NOTHING;
 SELECT position, position_tx FROM steptrail_tracking
 WHERE projection = %(projection)s FOR UPDATE;
 -- name: select_tracking
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = %(projection)s;
--- name: update_tracking
-UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
 WHERE projection = %(projection)s;
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = %(position)s, position_tx = %(position_tx)s,
+    failures = 0, last_error = NULL
+WHERE projection = %(projection)s;
+-- name: record_view_failure
+-- A batch that failed (rolled back) is counted here in a transaction of its own, so an
+-- operator sees a runner that keeps failing (`steptrail stats`, metrics); the next batch that
+-- commits clears it.
+INSERT INTO steptrail_tracking (projection, position, failures, last_error)
+VALUES (%(projection)s, 0, 1, %(error)s)
+ON CONFLICT (projection) DO UPDATE
+SET failures = steptrail_tracking.failures + 1, last_error = EXCLUDED.last_error;
 -- name: select_notifications
 -- The log in commit-safe order (ADR 0012). Without a global lock a lower notification id can
 -- commit after a higher one, so the log is read by (inserting transaction, id), and only
@@ -276,14 +316,26 @@ SELECT
 
 -- name: count_purgeable
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[]);
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND NOT (status = 'running' AND lease_expires_at >= now());
+
+-- name: select_live_purgeable
+-- Runs in the window that a worker holds under a live lease: never purged (a write tool in
+-- flight would lose its marker), reported as skipped.
+SELECT run_id FROM steptrail_runs
+WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND status = 'running' AND lease_expires_at >= now()
+ORDER BY created_at, run_id;
 
 -- name: select_purgeable
 -- Oldest first, each row locked: a writer of one of these runs waits, then finds it gone
 -- (its append fails like any fenced append). A row whose status changed meanwhile is
--- re-checked against the condition and skipped if it no longer matches.
+-- re-checked against the condition and skipped if it no longer matches. A run held under a
+-- live lease is never purged: a renewal that landed while we waited for the row makes the
+-- re-check fail.
 SELECT run_id FROM steptrail_runs
 WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+  AND NOT (status = 'running' AND lease_expires_at >= now())
 ORDER BY created_at, run_id
 LIMIT %(limit)s
 FOR UPDATE;
@@ -309,3 +361,11 @@ ON CONFLICT (run_id) DO NOTHING;
 
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
+
+-- name: after_purge
+-- Deleted rows stay in the table files until VACUUM marks their space reusable; do it now
+-- for the tables a purge touches (plain VACUUM: writers are not blocked). It cannot run in a
+-- transaction, so it runs on an autocommit connection. Old row versions may also stay in
+-- the WAL and its archives; see README "Retention" for what an operator must do.
+VACUUM steptrail_events, steptrail_runs, steptrail_saved,
+    steptrail_view_run_summaries, steptrail_view_dead_letters;

@@ -122,6 +122,11 @@ SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
 SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
 WHERE run_id = :run_id ORDER BY seq;
 
+-- name: lock_for_reaper
+-- PostgreSQL locks its tables here so the reaper's scan queues behind writers in flight; on
+-- SQLite the scan runs inside the write transaction (BEGIN IMMEDIATE), which is the same.
+SELECT 1;
+
 -- name: select_stale
 SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
 WHERE status = 'running' AND lease_expires_at < :now
@@ -149,6 +154,10 @@ LIMIT :limit;
 -- name: select_all_runs
 SELECT * FROM steptrail_runs ORDER BY run_id;
 
+-- name: snapshot_for_verify
+-- PostgreSQL sets REPEATABLE READ here; SQLite's read transaction is one WAL snapshot.
+SELECT 1;
+
 -- name: delete_all_runs
 DELETE FROM steptrail_runs;
 
@@ -173,12 +182,20 @@ ON CONFLICT (projection) DO NOTHING;
 
 -- name: lock_tracking
 -- SQLite: the IMMEDIATE transaction already excludes other runners.
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = :projection;
--- name: select_tracking
-SELECT position, position_tx FROM steptrail_tracking WHERE projection = :projection;
--- name: update_tracking
-UPDATE steptrail_tracking SET position = :position, position_tx = :position_tx
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
 WHERE projection = :projection;
+-- name: select_tracking
+SELECT position, position_tx, failures, last_error FROM steptrail_tracking
+WHERE projection = :projection;
+-- name: update_tracking
+UPDATE steptrail_tracking SET position = :position, position_tx = :position_tx,
+    failures = 0, last_error = NULL
+WHERE projection = :projection;
+-- name: record_view_failure
+INSERT INTO steptrail_tracking (projection, position, failures, last_error)
+VALUES (:projection, 0, 1, :error)
+ON CONFLICT (projection) DO UPDATE
+SET failures = steptrail_tracking.failures + 1, last_error = excluded.last_error;
 -- name: select_notifications
 -- SQLite writers are serialised, so ids commit in order and the transaction part of the
 -- position is always 0; AUTOINCREMENT never reuses an id.
@@ -260,11 +277,21 @@ SELECT
 
 -- name: count_purgeable
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses));
+WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+  AND NOT (status = 'running' AND lease_expires_at >= :now);
+
+-- name: select_live_purgeable
+-- Runs in the window that a worker holds under a live lease: never purged (a write tool in
+-- flight would lose its marker), reported as skipped.
+SELECT run_id FROM steptrail_runs
+WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+  AND status = 'running' AND lease_expires_at >= :now
+ORDER BY created_at, run_id;
 
 -- name: select_purgeable
 SELECT run_id FROM steptrail_runs
 WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+  AND NOT (status = 'running' AND lease_expires_at >= :now)
 ORDER BY created_at, run_id
 LIMIT :limit;
 
@@ -287,3 +314,8 @@ ON CONFLICT (run_id) DO NOTHING;
 
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
+
+-- name: after_purge
+-- Fold the WAL back into the database so deleted content leaves the WAL file too (the
+-- deleted pages themselves are overwritten by secure_delete).
+PRAGMA wal_checkpoint(TRUNCATE);

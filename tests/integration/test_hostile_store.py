@@ -1,0 +1,236 @@
+"""Hostile input at the store (issue 11): rows that cannot be read the fast way, schemas at
+every earlier version, vacuum after purge, metrics scrapes that only read. Both backends."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from steptrail.domain.errors import UnreadableEvent
+from steptrail.domain.run import Run
+from steptrail.infrastructure.codec import CLIPPED
+from steptrail.infrastructure.factory import SchemaMissing, open_store
+from steptrail.infrastructure.sqlfiles import migrations
+from steptrail.runtime import Runtime
+from steptrail.workers.projector import Projector
+from tests.conftest import PG_ADMIN_URL, _url_for, make_runtime
+
+
+def nested(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def project_until(rt: Runtime, done: Any, timeout: float = 30.0) -> None:
+    """Project until `done()`: on PostgreSQL the runner folds a transaction only once no
+    older one can still commit, which another session's open transaction may delay."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rt.project()
+        if done():
+            return
+        assert time.monotonic() < deadline, "the views never caught up"
+        time.sleep(0.05)
+
+
+def write_legacy_deep_step(rt: Runtime, levels: int = 210) -> uuid.UUID:
+    """A run whose log holds a step payload `levels` deep, as written before the bounds."""
+    run_id = rt.enqueue("scripted", {})
+    claimed = rt.store.claim(holder="w", lease_ms=60_000, agents=["scripted"])
+    assert claimed is not None
+    run = claimed.run
+    run.record_step(kind="llm", name="deep", duration_ms=1, payload={"content": nested(levels)})
+    rt.store.append(run)
+    run.complete()
+    rt.store.append(run)
+    return run_id
+
+
+def test_legacy_deep_row__every_reader_survives(runtime: Runtime) -> None:
+    """An event too deep for the fast decoder is read with its content cut at the bound,
+    by history, project, verify and rebuild alike."""
+    run_id = write_legacy_deep_step(runtime)
+    history = runtime.history(run_id)
+    step = history[2].event
+    assert isinstance(step, Run.StepRecorded)
+    assert CLIPPED in str(step.payload)
+    assert runtime.get(run_id).state.status.value == "completed"
+    project_until(runtime, lambda: sum(runtime.views.status_counts().values()) == 1)
+    assert runtime.verify() == []
+    assert runtime.rebuild("all")["run-index"] == 1
+    assert sum(runtime.views.status_counts().values()) == 1
+
+
+def corrupt(rt: Runtime, run_id: uuid.UUID, version: int) -> None:
+    """Overwrite one stored event with bytes that are not JSON (tampering, disk damage)."""
+    if rt.backend == "postgres":
+        with psycopg.connect(rt.store.url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE steptrail_events SET state = %s "
+                "WHERE originator_id = %s AND originator_version = %s",
+                (b"{not json", run_id, version),
+            )
+        return
+    with rt.store.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:  # type: ignore[union-attr]
+        cur.execute(
+            "UPDATE steptrail_events SET state = ? WHERE originator_id = ? "
+            "AND originator_version = ?",
+            (b"{not json", run_id.hex, version),
+        )
+
+
+def test_unreadable_row__reported_by_run_and_version(runtime: Runtime) -> None:
+    """A row nobody can decode is reported naming its run and version; the projection
+    runner logs it and keeps going without folding past it; other runs still show."""
+    good = runtime.enqueue("scripted", {})
+    bad = runtime.enqueue("scripted", {})
+    corrupt(runtime, bad, 1)
+    with pytest.raises(UnreadableEvent, match=f"event 1 of run {bad}"):
+        runtime.history(bad)
+    with pytest.raises(UnreadableEvent, match=f"run {bad}"):
+        runtime.project()
+    assert len(runtime.history(good)) == 1
+    stop = threading.Event()
+    projector = Projector(runtime.views, log=runtime.log)
+    thread = threading.Thread(target=projector.run_forever, args=(0.01, stop))
+    thread.start()
+    try:
+        thread.join(timeout=0.3)
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+@contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """An empty PostgreSQL database (no schema), dropped afterwards."""
+    name = f"steptrail_hostile_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _url_for(name)
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def empty_database(backend: str, tmp_path: Any) -> Iterator[str]:
+    if backend == "postgres":
+        with fresh_pg_database() as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}"
+
+
+def test_migrate__from_every_earlier_version(backend: str, tmp_path: Any) -> None:
+    """A database at every earlier schema version is brought up to date by `migrate` while
+    auto-migrate is off, and then works."""
+    numbers = [n for n, _, _ in migrations(backend)]
+    for upto in [0, *numbers[:-1]]:
+        with empty_database(backend, tmp_path) as url:
+            store = open_store(url, ensure_schema=False)
+            try:
+                store.migrate(upto=upto)
+                assert [p.split("_")[0] for p in store.pending_migrations()] == [
+                    f"{n:04d}" for n in numbers if n > upto
+                ]
+            finally:
+                store.close()
+            with pytest.raises(SchemaMissing):
+                open_store(url, migrate=False)
+            store = open_store(url, ensure_schema=False)
+            try:
+                applied = store.migrate()
+                assert [a.split("_")[0] for a in applied] == [
+                    f"{n:04d}" for n in numbers if n > upto
+                ]
+            finally:
+                store.close()
+            rt = make_runtime(url, auto_migrate=False)
+            try:
+                run_id = rt.enqueue("scripted", {})
+                rt.work(burst=True)
+                assert rt.get(run_id).state.status.value == "completed"
+                assert rt.verify() == []
+            finally:
+                rt.close()
+
+
+def test_purge__vacuums_on_postgres(pg_url: str) -> None:
+    """After a purge on PostgreSQL the log table has been vacuumed."""
+    from tests.integration.test_retention import age
+
+    rt = make_runtime(pg_url)
+    try:
+        ids = [rt.enqueue("scripted", {}) for _ in range(3)]
+        age(rt, ids, days=45)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            before = conn.execute(
+                "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'steptrail_events'"
+            ).fetchone()
+        rt.purge()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            after = conn.execute(
+                "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'steptrail_events'"
+            ).fetchone()
+        assert before is not None
+        assert after is not None
+        assert after[0] > before[0]
+    finally:
+        rt.close()
+
+
+def test_metrics_serve__scrapes_only_read(runtime: Runtime) -> None:
+    """Served scrapes never fold the log (a run enqueued after the last projection is not
+    counted until something projects) and a burst of scrapes shares one snapshot."""
+    from prometheus_client.registry import CollectorRegistry
+
+    from steptrail.metrics import MetricsServer, RunsCollector
+
+    def queued() -> int | None:
+        return runtime.views.status_counts().get(("scripted", "queued"))
+
+    runtime.enqueue("scripted", {})
+    project_until(runtime, lambda: queued() == 1)
+    runtime.enqueue("scripted", {})
+    collector = RunsCollector(runtime, cache_s=60.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server = MetricsServer("127.0.0.1", 0, registry, max_threads=4)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    try:
+        bodies: list[str] = []
+
+        def scrape() -> None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                bodies.append(r.read().decode())
+
+        threads = [threading.Thread(target=scrape) for _ in range(60)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(bodies) == 60
+        assert all('steptrail_runs{agent="scripted",status="queued"} 1.0' in b for b in bodies)
+        assert collector.reads == 1
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+        server.server_close()
+    project_until(runtime, lambda: queued() == 2)  # the second run was left unfolded
