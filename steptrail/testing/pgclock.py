@@ -1,11 +1,12 @@
 """Time skipping on PostgreSQL, for test databases only (ADR 0034).
 
-steptrail's SQL reads the server's clock as `now()` and `clock_timestamp()`, unqualified. In
-a database the testing kit creates, a schema `steptrail_testing_clock` holds two functions of
-those names that add a skipped offset (one row of one table), and the database's default
-`search_path` lists that schema before `pg_catalog`, so every connection's unqualified
-`now()` is the skipped clock. No statement of the store changes, and production databases
-never have the schema. `skip()` adds to the offset; every connection sees it at once.
+steptrail's SQL reads the server's clock as `now()`, `clock_timestamp()` and
+`statement_timestamp()`, unqualified. In a database the testing kit creates, a schema
+`steptrail_testing_clock` holds functions of those names that add a skipped offset (one
+row of one table), and the database's default `search_path` lists that schema before
+`pg_catalog`, so every connection's unqualified `now()` is the skipped clock. No statement
+of the store changes, and production databases never have the schema. `skip()` adds to the
+offset; every connection sees it at once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 SCHEMA = "steptrail_testing_clock"
-_INSTALL = f"""
+INSTALL = f"""
 CREATE SCHEMA {SCHEMA};
 CREATE TABLE {SCHEMA}.skipped (us bigint NOT NULL);
 INSERT INTO {SCHEMA}.skipped VALUES (0);
@@ -27,6 +28,10 @@ CREATE FUNCTION {SCHEMA}.now() RETURNS timestamptz LANGUAGE sql STABLE AS $$
 $$;
 CREATE FUNCTION {SCHEMA}.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
     SELECT pg_catalog.clock_timestamp()
+        + (SELECT us FROM {SCHEMA}.skipped) * interval '1 microsecond'
+$$;
+CREATE FUNCTION {SCHEMA}.statement_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.statement_timestamp()
         + (SELECT us FROM {SCHEMA}.skipped) * interval '1 microsecond'
 $$;
 """
@@ -47,7 +52,7 @@ def fresh_database(server: str, *, prefix: str = "steptrail_kit") -> Iterator[st
     try:
         url = url_of(server, name)
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(_INSTALL.encode())
+            conn.execute(INSTALL.encode())
             conn.execute(
                 sql.SQL("ALTER DATABASE {} SET search_path = public, {}, pg_catalog").format(
                     sql.Identifier(name), sql.Identifier(SCHEMA)

@@ -3,15 +3,22 @@ replay-only cursor."""
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
 from steptrail.domain.enums import FailureClass
 from steptrail.domain.journal import JournalEntry, StepCall, fingerprint
-from steptrail.testing import crash_at, fail_at, lose_lease_at
+from steptrail.testing import crash_at, fail_at, lose_lease_at, pgclock
 from steptrail.testing.faults import FaultPlan
 from steptrail.testing.replay import ReplayEnded, ReplayOnlyCursor
+
+CLOCK_CALLS = (
+    r"\b(now|clock_timestamp|statement_timestamp|transaction_timestamp)\s*\(\)"
+    r"|\b(current_timestamp|localtimestamp)\b"
+)
 
 
 def test_plugin__registered_as_a_pytest11_entry_point() -> None:
@@ -54,3 +61,18 @@ def test_replay_only_cursor__answers_the_journal_then_stops() -> None:
     assert entry.value == "text"
     with pytest.raises(ReplayEnded):
         cursor.next(StepCall("tool", "send", fingerprint({})))
+
+
+def test_pgclock__overrides_every_clock_function_the_sql_reads() -> None:
+    """Each server clock function in the PostgreSQL SQL is one the kit's clock replaces, so a
+    new statement cannot silently escape time skipping."""
+    sql_dir = Path(__file__).resolve().parents[2] / "infrastructure" / "sql" / "postgres"
+    code = "\n".join(
+        "\n".join(line.split("--")[0] for line in f.read_text().splitlines())
+        for f in sql_dir.rglob("*.sql")
+    )
+    used = {m.group(1) or m.group(2) for m in re.finditer(CLOCK_CALLS, code, re.I)}
+    assert used, "the SQL reads no clock at all? the pattern is wrong"
+    assert "pg_catalog.now" not in code.lower()
+    overridden = set(re.findall(rf"{pgclock.SCHEMA}\.(\w+)\(\)", pgclock.INSTALL))
+    assert {u.lower() for u in used} <= overridden
