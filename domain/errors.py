@@ -35,6 +35,10 @@ class UnknownRun(DomainError):
     """No run has that id."""
 
 
+class PendingWrite(IllegalTransition):
+    """A retry would run again a non-idempotent write that may have happened; needs force."""
+
+
 class UnreadableEvent(DomainError):
     """A stored event cannot be decoded; the message names its run and version.
 

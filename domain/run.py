@@ -32,7 +32,7 @@ from steptrail.domain.enums import (
     TerminationReason,
     WaitKind,
 )
-from steptrail.domain.errors import DigestMismatch, IllegalTransition
+from steptrail.domain.errors import DigestMismatch, IllegalTransition, PendingWrite
 from steptrail.domain.journal import JournalEntry
 
 # The step kind that records an agent taking the human decision it resumed with.
@@ -478,6 +478,37 @@ class Run:
             s = self._require(state)
             return s.evolve(status=RunStatus.QUEUED, waiting=None, retry_delay_ms=0)
 
+    class Retried(RunEvent):
+        """An operator put a failed run back on the queue (ADR 0025).
+
+        The run keeps its history and its step count; its pending-effect markers are cleared
+        (the operator vouched for them: `forced` says a non-idempotent write was among them,
+        `cleared_tools` names them) and, with `reset_budget`, its requeue budget starts over.
+        """
+
+        TOPIC: ClassVar[str] = "steptrail.Run.Retried"
+        reset_budget: bool = False
+        forced: bool = False
+        previous_reason: TerminationReason | None = None
+        cleared_tools: tuple[str, ...] = ()
+        # Non-idempotent writes the run had completed, which running it again repeats.
+        rerun_tools: tuple[str, ...] = ()
+
+        def apply(self, state: RunState | None) -> RunState:
+            s = self._require(state)
+            return _released(
+                s,
+                RunStatus.QUEUED,
+                reason=None,
+                has_saved_request=True,
+                has_resumable_state=False,
+                waiting=None,
+                decision=None,
+                pending_effects=(),
+                retry_delay_ms=0,
+                requeue_count=0 if self.reset_budget else s.requeue_count,
+            )
+
     # -- construction --------------------------------------------------------------------------
 
     def __init__(self, state: RunState) -> None:
@@ -738,6 +769,49 @@ class Run:
             )
         )
 
+    def retry(
+        self,
+        *,
+        actor: str,
+        reset_budget: bool = False,
+        force: bool = False,
+        rerun_writes: tuple[str, ...] = (),
+    ) -> None:
+        """Put a failed run back on the queue. The caller has checked that its request is
+        still saved, and passes the non-idempotent writes the run completed that running it
+        again would repeat (`writes_done` of its log). Either those or a pending
+        non-idempotent write (one that may have happened) is refused unless `force`, which
+        the event records."""
+        if self._state.status is not RunStatus.FAILED:
+            raise IllegalTransition(
+                f"only a failed run can be retried; this one is {self._state.status}"
+            )
+        if not actor.strip():
+            raise IllegalTransition("a retry needs the name of who retries (--by)")
+        pending_write = self._state.pending_non_idempotent_write
+        if pending_write and not force:
+            tools = ", ".join(p.tool for p in self._state.pending_effects if p.effect.is_write)
+            raise PendingWrite(
+                f"a non-idempotent write ({tools}) may have happened before the run failed; "
+                "retry with --force to run it again on your responsibility"
+            )
+        if rerun_writes and not force:
+            raise PendingWrite(
+                f"the run already did non-idempotent writes ({', '.join(rerun_writes)}) and a "
+                "retry runs it again from its request, repeating them; retry with --force to "
+                "take that responsibility"
+            )
+        self._trigger(
+            self.Retried(
+                actor=actor,
+                reset_budget=reset_budget,
+                forced=pending_write or bool(rerun_writes),
+                previous_reason=self._state.reason,
+                cleared_tools=tuple(p.tool for p in self._state.pending_effects),
+                rerun_tools=tuple(rerun_writes),
+            )
+        )
+
     def suspend(
         self,
         *,
@@ -833,6 +907,22 @@ def apply(state: RunState | None, event: RunEvent) -> RunState:
     if state is None:
         return new
     return new.evolve(version=state.version + 1)
+
+
+def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:
+    """The non-idempotent writes a run's log shows as done: a marker, then that step's
+    result recorded without an error. Running the run again from its request repeats them
+    (a settled run's step journal is gone, ADR 0013), so a retry asks for force (ADR 0025)."""
+    started: dict[int, str] = {}
+    done: list[str] = []
+    for event in events:
+        if isinstance(event, Run.EffectPending) and event.effect is Effect.NON_IDEMPOTENT_WRITE:
+            started[event.seq] = event.tool
+        elif isinstance(event, Run.StepRecorded) and event.seq in started:
+            tool = started.pop(event.seq)
+            if event.error_type is None:
+                done.append(tool)
+    return tuple(done)
 
 
 def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import psycopg_pool
 from eventsourcing.postgres import PostgresDatastore
-from psycopg.rows import DictRow
+from psycopg import sql as pgsql
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
@@ -37,10 +38,13 @@ from steptrail.infrastructure.store_base import (
     encoded_events,
     journal_from_rows,
     journal_rows,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
@@ -182,13 +186,22 @@ class PostgresRunStore(ClaimsOne):
             return
         params = self.append_params(run, resumable=resumable)
         with self._connection() as conn:
-            conn.execute(self.q["append"], params, prepare=True)
+            if not (run.state.status.is_terminal and keeps_request(run.state)):
+                conn.execute(self.q["append"], params, prepare=True)
+            else:
+                # A failed settle (rare): the append with drop_saved off, then everything
+                # saved but the request, and the journal, in one transaction. Kept out of
+                # steptrail_append so that its one-round-trip hot path stays as it is.
+                with conn.transaction():
+                    conn.execute(self.q["append"], params, prepare=True)
+                    conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
 
     def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
         """The parameters of the `append` query for `run`'s pending events and journal."""
         events = encoded_events(run)
         drop, notify = side_effects(run.state)
+        keep = drop and keeps_request(run.state)  # see `append`
         journal = journal_rows(run)
         return {
             **self._params(run),
@@ -197,7 +210,7 @@ class PostgresRunStore(ClaimsOne):
             "topics": [t for _, t, _ in events],
             "states": [s for _, _, s in events],
             "resumable": resumable,
-            "drop_saved": drop,
+            "drop_saved": drop and not keep,
             "notify": notify,
             "j_seqs": [j["seq"] for j in journal],
             "j_positions": [j["position"] for j in journal],
@@ -277,6 +290,15 @@ class PostgresRunStore(ClaimsOne):
         params = {"status": status, "agent": agent, "reason": reason, "limit": limit}
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_runs"], params)]
+
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": since, "limit": limit}
+        with self._connection() as conn:
+            rows = conn.execute(self.q["select_failed_runs"], params)
+            return [r["run_id"] for r in rows]
 
     def all_rows(self) -> list[RunRow]:
         with self._connection() as conn:
@@ -363,17 +385,26 @@ class PostgresRunStore(ClaimsOne):
             return [r["run_id"] for r in rows]
 
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction.
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`).
 
-        Locks the runs' rows (their writers wait, then find them gone) and the reporting
-        runner's tracking row (no batch may fold a run half-purged), for one small batch
-        only, so live workers wait milliseconds, not the whole purge.
+        Locks the runs' rows (their writers wait, then find them gone) and the tracking rows
+        of the reporting runner and of each projection, in a fixed order (no batch may fold
+        a run half-purged, or write a purged run's rows back after its `forget`), for one
+        small batch only, so live workers wait milliseconds, not the whole purge.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
-            conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
+            for name in [PROJECTION, *sorted(name for name, _ in projections)]:
+                conn.execute(self.q["init_tracking"], {"projection": name})
+                conn.execute(self.q["lock_tracking"], {"projection": name})
             rows = conn.execute(
                 self.q["select_purgeable"],
                 {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
@@ -383,6 +414,8 @@ class PostgresRunStore(ClaimsOne):
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):
                     conn.execute(statement.encode("utf-8"), params)
+                for _, forget in projections:
+                    forget(ids, PostgresSql(conn))
         return ids
 
     def after_purge(self) -> None:
@@ -407,6 +440,35 @@ class PostgresRunStore(ClaimsOne):
     def reporting_read(self) -> Iterator[_PgTx]:
         with self._connection() as conn:
             yield _PgTx(conn, self.q)
+
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_PgTx]]]:
+        """A private schema to rebuild a projection into (`verify`), on a connection of its
+        own whose search path holds only that schema, so the projection's unqualified table
+        names resolve to the scratch copies; yields a function that opens a transaction on
+        it. Each transaction is short (a batch): a long one would hold every reader of the
+        log back (ADR 0012). The schema is dropped at the end."""
+        schema = f"steptrail_scratch_{uuid4().hex[:12]}"
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        except _CONNECTION_ERRORS as e:
+            raise StoreUnavailable(_first_line(e)) from e
+        try:
+            conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+            conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
+
+            @contextmanager
+            def transaction() -> Iterator[_PgTx]:
+                with conn.transaction():
+                    yield _PgTx(conn, self.q)
+
+            yield transaction
+        finally:
+            with suppress(psycopg.Error):
+                conn.execute(
+                    pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema))
+                )
+            conn.close()
 
     @staticmethod
     def db_id(value: UUID) -> Any:
@@ -479,6 +541,16 @@ class _PgTx:
         if params:
             with self.conn.cursor() as cur:
                 cur.executemany(self.q[name], params)
+
+    def sql(self) -> PostgresSql:
+        """The handle a user projection writes through, on this transaction."""
+        return PostgresSql(self.conn)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return postgres_rows_of(self.conn, table)
+
+    def drop(self, table: str) -> None:
+        postgres_drop(self.conn, table)
 
 
 def _index_row(row: DictRow) -> RunRow:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -54,6 +54,34 @@ class Dialect(Protocol):
     def db_now(self) -> Any:
         """The store's clock as a query parameter (None where SQL reads it itself)."""
         ...
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+_LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+_LAST_ID = UUID(int=(1 << 128) - 1)
+
+
+@dataclass(frozen=True)
+class PageKey:
+    """Where a page of runs ends: the (created_at, run_id) of its last row. A URL carries it
+    as `<microseconds since the epoch>.<run id hex>`."""
+
+    created_at: datetime
+    run_id: UUID | None = None
+
+    def encode(self) -> str:
+        delta = self.created_at.astimezone(UTC) - _EPOCH
+        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return f"{micros}.{self.run_id.hex if self.run_id else ''}"
+
+    @classmethod
+    def decode(cls, text: str) -> PageKey:
+        """Raises ValueError for anything but what `encode` writes."""
+        micros, _, hex_id = text.partition(".")
+        if not micros.lstrip("-").isdigit() or len(hex_id) != 32:
+            raise ValueError(f"not a page key: {text!r}")
+        return cls(_EPOCH + timedelta(microseconds=int(micros)), UUID(hex=hex_id))
 
 
 @dataclass(frozen=True)
@@ -236,6 +264,78 @@ class ReportingStore:
             stale_leases=int(row["stale_leases"]),
             now=now,
         )
+
+    # -- the console's reads (ADR 0026) ---------------------------------------------------------
+
+    def runs_page(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        reason: str | None = None,
+        since: datetime | None = None,
+        after: PageKey | None = None,
+        limit: int = 50,
+    ) -> list[RunSummary]:
+        """One page of run summaries, newest first, after the key of the previous page's
+        last row. The filter that narrows most drives the index walk."""
+        if status and agent:
+            name = "runs_page_agent_status"
+        elif agent:
+            name = "runs_page_agent"
+        elif status:
+            name = "runs_page_status"
+        elif reason:
+            name = "runs_page_reason"
+        else:
+            name = "runs_page_all"
+        key = after or PageKey(_LATEST, _LAST_ID)
+        params = {
+            "status": status,
+            "agent": agent,
+            "reason": reason,
+            "since": self.d.db_time(since or _EARLIEST),
+            "after_at": self.d.db_time(key.created_at),
+            "after_id": self._key_id(key.run_id),
+            "limit": limit,
+        }
+        with self.d.reporting_read() as tx:
+            return [self._summary(r) for r in tx.all(name, params)]
+
+    def open_dead_letters(
+        self, *, limit: int = 100, agent: str | None = None
+    ) -> list[DeadLetterRow]:
+        """Dead letters whose run is still failed (not retried since), newest first."""
+        with self.d.reporting_read() as tx:
+            rows = tx.all("dead_letters_open", {"limit": limit, "agent": agent})
+        return [self._dead_letter(r) for r in rows]
+
+    def throughput(self, since: datetime) -> list[tuple[datetime, str, int]]:
+        """(minute, status, runs ended) for every minute since `since` with an ended run."""
+        with self.d.reporting_read() as tx:
+            rows = tx.all("throughput_by_minute", {"since": self.d.db_time(since)})
+        return [
+            (_EPOCH + timedelta(minutes=int(r["minute"])), str(r["status"]), int(r["n"]))
+            for r in rows
+        ]
+
+    def recent_step_durations(self, limit: int = 5000) -> list[tuple[datetime, int]]:
+        """(recorded at, duration in ms) of the newest `limit` steps of the log."""
+        with self.d.reporting_read() as tx:
+            rows = tx.all("recent_step_durations", {"limit": limit})
+        found = []
+        for r in rows:
+            at = self.d.py_time(r["recorded_at"])
+            assert at is not None
+            found.append((at, int(json.loads(bytes(r["state"])).get("duration_ms", 0))))
+        return found
+
+    def _key_id(self, run_id: UUID | None) -> Any:
+        # Above every id: hex text on SQLite ('g' sorts after 'f'), the largest UUID on
+        # PostgreSQL (a uuid4 never has it: its version nibble is 4).
+        if run_id is None:
+            return "g" if isinstance(self.d.db_id(_LAST_ID), str) else _LAST_ID
+        return self.d.db_id(run_id)
 
     # -- rows ----------------------------------------------------------------------------------
 

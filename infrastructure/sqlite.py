@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,10 +39,13 @@ from steptrail.infrastructure.store_base import (
     encoded_events,
     journal_from_rows,
     journal_rows,
+    keeps_request,
     run_from_row,
     side_effects,
     state_params,
 )
+from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
+from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, rebuild_rows
 
 BUSY_TIMEOUT_SECONDS = 30
@@ -516,7 +519,8 @@ class SQLiteRunStore(ClaimsOne):
                     {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                cur.execute(self.q["drop_saved"], {"run_id": run.id.hex})
+                name = "drop_saved_but_request" if keeps_request(run.state) else "drop_saved"
+                cur.execute(self.q[name], {"run_id": run.id.hex})
                 cur.execute(self.q["drop_journal"], {"run_id": run.id.hex})
         run.mark_committed()
         self._wake_if_queued(run)
@@ -619,6 +623,15 @@ class SQLiteRunStore(ClaimsOne):
             cur.execute(self.q["select_runs"], params)
             return [_index_row(r) for r in cur.fetchall()]
 
+    def failed_ids(
+        self, *, agent: str | None, reason: str | None, since: datetime, limit: int
+    ) -> list[UUID]:
+        """Failed runs that last changed at or after `since`, oldest first."""
+        params = {"agent": agent, "reason": reason, "since": to_us(since), "limit": limit}
+        with self._read() as cur:
+            cur.execute(self.q["select_failed_runs"], params)
+            return [UUID(r["run_id"]) for r in cur.fetchall()]
+
     def all_rows(self) -> list[RunRow]:
         with self._read() as cur:
             cur.execute(self.q["select_all_runs"])
@@ -710,10 +723,17 @@ class SQLiteRunStore(ClaimsOne):
             return [UUID(r["run_id"]) for r in cur.fetchall()]
 
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]:
-        """Remove up to `limit` runs due for purging, everywhere, in one transaction; deleted
-        content is overwritten (secure_delete) so it does not linger in the file."""
+        """Remove up to `limit` runs due for purging, everywhere, in one transaction —
+        including what each user projection keeps of them (its `forget`); deleted content is
+        overwritten (secure_delete) so it does not linger in the file."""
         with self._write() as (cur, at):
             cur.execute(
                 self.q["select_purgeable"],
@@ -729,6 +749,8 @@ class SQLiteRunStore(ClaimsOne):
                 params = {"ids": json.dumps([i.hex for i in ids]), "category": category, "now": at}
                 for statement in statements(self.q["purge_runs"]):
                     cur.execute(statement, params)
+                for _, forget in projections:
+                    forget(ids, SqliteSql(cur))
         return ids
 
     def after_purge(self) -> None:
@@ -753,6 +775,29 @@ class SQLiteRunStore(ClaimsOne):
     def reporting_read(self) -> Iterator[_SqliteTx]:
         with self._read() as cur:
             yield _SqliteTx(cur, self.q)
+
+    @contextmanager
+    def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_SqliteTx]]]:
+        """A private in-memory database to rebuild a projection into (`verify`); yields a
+        function that opens a transaction on it. Nothing of it outlives the block."""
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+
+        @contextmanager
+        def transaction() -> Iterator[_SqliteTx]:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            try:
+                yield _SqliteTx(cur, self.q)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+        try:
+            yield transaction
+        finally:
+            conn.close()
 
     @staticmethod
     def db_id(value: UUID) -> Any:
@@ -808,6 +853,16 @@ class _SqliteTx:
     def many(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
         if params:
             self.cur.executemany(self.q[name], [dict(p) for p in params])
+
+    def sql(self) -> SqliteSql:
+        """The handle a user projection writes through, on this transaction."""
+        return SqliteSql(self.cur)
+
+    def rows_of(self, table: str) -> list[tuple[Any, ...]]:
+        return sqlite_rows_of(self.cur, table)
+
+    def drop(self, table: str) -> None:
+        sqlite_drop(self.cur, table)
 
 
 def _index_row(row: sqlite3.Row) -> RunRow:

@@ -61,9 +61,17 @@ def side_effects(state: RunState) -> tuple[bool, bool]:
     """(drop saved state, notify idle workers) for a run that has just become `state`.
 
     Settling drops the saved request and resumable state in the same transaction, which is
-    how they are "cleared" although the log itself is never rewritten (ADR 0008).
+    how they are "cleared" although the log itself is never rewritten (ADR 0008); a failed
+    run keeps its request (see `keeps_request`).
     """
     return state.status.is_terminal, state.status is RunStatus.QUEUED
+
+
+def keeps_request(state: RunState) -> bool:
+    """Whether a settle leaves the saved request in place: a *failed* run keeps it until it
+    is purged or retried, so that an operator can put it back on the queue (ADR 0025). Its
+    other saved state is dropped as usual (`drop_saved_but_request`)."""
+    return state.status is RunStatus.FAILED
 
 
 def journal_rows(run: Run) -> list[dict[str, Any]]:

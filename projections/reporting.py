@@ -98,8 +98,9 @@ def summarise(previous: RunSummary | None, event: RunEvent, at: datetime) -> Run
         )
     elif isinstance(event, Run.Suspended):
         summary = replace(summary, suspensions=summary.suspensions + 1)
-    ended_at = at if state.status.is_terminal and summary.ended_at is None else None
-    return replace(summary, state=state, updated_at=at, ended_at=ended_at or summary.ended_at)
+    # A retried run (Run.Retried) leaves its terminal status: it has not ended any more.
+    ended_at = (summary.ended_at or at) if state.status.is_terminal else None
+    return replace(summary, state=state, updated_at=at, ended_at=ended_at)
 
 
 def fold_batch(

@@ -13,10 +13,14 @@ with steptrail.open(app) as rt:          # sqlite:///steptrail.db unless configu
     run_id = rt.enqueue("summarise", {"text": "..."})
     rt.work(burst=True)
     print(rt.get(run_id).status)
+
+Async agents (`async def`, with an `AsyncRunContext` whose steps are awaited) run on the
+worker's event loop; from async code, `async with steptrail.open_async(app) as rt:`.
 """
 
 from __future__ import annotations
 
+from steptrail.async_runtime import AsyncRuntime, open_async
 from steptrail.domain.classifier import (
     ClassifiedError,
     FallbackChainExhausted,
@@ -34,15 +38,26 @@ from steptrail.domain.errors import (
     DigestMismatch,
     IllegalTransition,
     InvalidInput,
+    PendingWrite,
     StoreUnavailable,
     UnknownRun,
 )
 from steptrail.domain.journal import NonDeterministic, ReplayedError
 from steptrail.domain.ports import RecordedEvent
+from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
 from steptrail.infrastructure.settings import Settings
+from steptrail.projections.custom import (
+    EventContext,
+    Projection,
+    ProjectionFailed,
+    Sql,
+    Tracking,
+)
 from steptrail.projections.run_index import RunRow
-from steptrail.runtime import InvalidRequest, Runtime, open_runtime
+from steptrail.runtime import InvalidRequest, RetryReport, Runtime, open_runtime
+from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
+    AwaitableInSyncStep,
     Recorded,
     Resumption,
     RunContext,
@@ -50,7 +65,7 @@ from steptrail.workers.context import (
     RunTimedOut,
     StepTimedOut,
 )
-from steptrail.workers.execute import SegmentResult
+from steptrail.workers.execute import AwaitableAgent, LoopAlreadyRunning, SegmentResult
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.segment import LeaseLost
@@ -59,24 +74,35 @@ open = open_runtime
 
 __all__ = [
     "App",
+    "AsyncRunContext",
+    "AsyncRuntime",
+    "AwaitableAgent",
+    "AwaitableInSyncStep",
     "ClassifiedError",
     "DigestMismatch",
     "Effect",
+    "EventContext",
     "FailureClass",
     "FallbackChainExhausted",
+    "FeedEntry",
     "HttpStatusError",
     "IllegalTransition",
     "InvalidInput",
     "InvalidRequest",
     "LeaseLost",
+    "LoopAlreadyRunning",
     "NonDeterministic",
     "Outcome",
+    "PendingWrite",
     "PrivacyLevel",
+    "Projection",
+    "ProjectionFailed",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
     "ReplayedError",
     "Resumption",
+    "RetryReport",
     "RunContext",
     "RunFailed",
     "RunRow",
@@ -85,11 +111,16 @@ __all__ = [
     "Runtime",
     "SegmentResult",
     "Settings",
+    "Sql",
     "StepTimedOut",
     "StoreUnavailable",
     "TerminationReason",
+    "Tracking",
     "UnknownAgent",
     "UnknownRun",
+    "format_position",
     "open",
+    "open_async",
     "open_runtime",
+    "parse_position",
 ]

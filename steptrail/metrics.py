@@ -97,7 +97,26 @@ class RunsCollector(Collector):
                 "Running runs whose lease expired and that the reaper has not handled yet.",
                 value=health.stale_leases,
             ),
+            *self._projections(),
         ]
+
+    def _projections(self) -> list[GaugeMetricFamily]:
+        """Lag and failure of every tracked projection: the reporting views and the app's."""
+        lag = GaugeMetricFamily(
+            "steptrail_projection_lag_events",
+            "Events of the log a projection has not folded yet.",
+            labels=["projection"],
+        )
+        failed = GaugeMetricFamily(
+            "steptrail_projection_failed",
+            "1 while a projection is stopped by an error (see `steptrail stats`), else 0.",
+            labels=["projection", "error_type"],
+        )
+        for status in self.runtime.tracked():
+            lag.add_metric([status.name], status.lag)
+            error_type = status.failure.error.partition(":")[0] if status.failure else ""
+            failed.add_metric([status.name, error_type], 1 if status.failure else 0)
+        return [lag, failed]
 
 
 def registry_for(runtime: Runtime, *, cache_s: float = 0.0) -> CollectorRegistry:

@@ -2,14 +2,17 @@
 
 Nothing connects at import time; `open()` does, and `Runtime.close()` (or a `with` block)
 lets go. Use cases are named the way an operator asks for them: enqueue, start, work, reap,
-cancel, get, history.
+cancel, retry, get, history. The CLI and the console both act through them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 from uuid import UUID, uuid4
@@ -23,13 +26,20 @@ from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
 from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run, RunState, fold
+from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.feed import FeedEntry, read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
 from steptrail.infrastructure.postgres import PostgresRunStore
+from steptrail.infrastructure.projection_store import (
+    ProjectionStore,
+    TrackedStatus,
+    tracked_statuses,
+)
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlite import SQLiteRunStore
+from steptrail.projections.custom import Position, ProjectionFailed
 from steptrail.projections.run_index import RunRow
 from steptrail.workers import maintenance
 from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
@@ -39,10 +49,19 @@ from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
 from steptrail.workers.registry import App
 from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
+from steptrail.workers.store_threads import StoreThreads
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
+
+
+@dataclass
+class RetryReport:
+    """What a bulk retry did: the runs put back on the queue, and those refused (with why)."""
+
+    retried: list[UUID] = field(default_factory=list)
+    refused: list[tuple[UUID, str]] = field(default_factory=list)
 
 
 class InvalidRequest(ValueError):
@@ -65,12 +84,15 @@ class Runtime:
         self.store = store
         self.log = log or steptrail_logger()
         self._keeper: LeaseKeeper | None = None
+        self._projections: dict[str, ProjectionStore] = {}
+        self.threads = StoreThreads()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._keeper is not None:
             self._keeper.close()
+        self.threads.close()
         self.store.close()
 
     def __enter__(self) -> Runtime:
@@ -138,6 +160,15 @@ class Runtime:
         """Run `agent` now, in this process, as an interactive run under an
         `interactive:` lease. It heartbeats like a worker; it is never retried, and if this
         process dies the reaper dead-letters it (it has no saved request to run again)."""
+        run, body, sent = self.begin_interactive(agent, request)
+        return self._executor().execute(run, body, lease_from=sent)
+
+    def begin_interactive(
+        self, agent: str, request: Mapping[str, Any] | None
+    ) -> tuple[Run, dict[str, Any], float]:
+        """Record an interactive run's start, held by this process; returns it, its request
+        and when its lease was sent (`time.monotonic()`), ready to execute (`start` does;
+        the async runtime awaits it)."""
         body = self._request_body(agent, request)
         run = Run.start(
             run_id=uuid4(),
@@ -148,7 +179,8 @@ class Runtime:
         )
         sent = time.monotonic()  # the lease is counted from here (ADR 0016)
         self.store.create(run, request=None)
-        return self._executor().execute(run, json.loads(body), lease_from=sent)
+        value: dict[str, Any] = json.loads(body)
+        return run, value, sent
 
     def worker(
         self,
@@ -156,8 +188,12 @@ class Runtime:
         concurrency: int = 1,
         burst: bool = False,
         on_result: Callable[[SegmentResult], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Worker:
-        """A worker over this runtime's store and agents (call `.run()`, `.stop()`)."""
+        """A worker over this runtime's store and agents (call `.run()`, `.stop()`).
+
+        Runs of async agents share one event loop: `loop` if given (it must be running in
+        another thread), else one the worker starts for them."""
         return Worker(
             self.store,
             self.app,
@@ -167,6 +203,7 @@ class Runtime:
             poll_interval=self.settings.poll_interval,
             log=self.log,
             on_result=on_result,
+            loop=loop,
         )
 
     def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
@@ -204,6 +241,81 @@ class Runtime:
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def retry(
+        self, run_id: UUID, *, by: str, reset_budget: bool = False, force: bool = False
+    ) -> RunRow:
+        """Put a failed run (dead-lettered or not) back on the queue, recorded as
+        `Run.Retried` with `by`. Its requeue budget carries on unless `reset_budget`. It
+        re-runs from its saved request (kept for failed runs until purge, ADR 0025), from
+        the top: its step journal went when it settled.
+
+        Raises:
+            UnknownRun: no such run.
+            PendingWrite: a non-idempotent write may have happened, or was done and would
+                run again (pass `force`).
+            IllegalTransition: the run is not failed, or has no saved request.
+            InvalidActor: `by` is not an acceptable actor name.
+        """
+        check_actor(by)
+        for _ in range(CANCEL_ATTEMPTS):
+            run = self.store.load(run_id)
+            if run is None:
+                raise self._unknown(run_id)
+            if run.status is RunStatus.FAILED and self.store.saved(run_id, "request") is None:
+                raise IllegalTransition(
+                    f"run {run_id} has no saved request to run again (it was started "
+                    "interactively, or it failed before failed runs kept their request); "
+                    "enqueue a new run instead"
+                )
+            done = writes_done(e.event for e in self.store.history(run_id))
+            run.retry(actor=by, reset_budget=reset_budget, force=force, rerun_writes=done)
+            try:
+                self.store.append(run)
+            except VersionConflict:
+                continue  # another operator retried it (or purge took it); look again
+            self.log.info(
+                "run_retried",
+                run_id=str(run_id),
+                by=by,
+                version=run.version,
+                reset_budget=reset_budget,
+                forced=force,
+            )
+            return self.get(run_id)
+        raise IllegalTransition(f"run {run_id} kept changing; retry did not land")
+
+    def retry_many(
+        self,
+        *,
+        by: str,
+        since: datetime,
+        agent: str | None = None,
+        reason: TerminationReason | str | None = None,
+        reset_budget: bool = False,
+        force: bool = False,
+        limit: int = 1000,
+    ) -> RetryReport:
+        """Retry every failed run of `agent` ended for `reason` since `since` (at most
+        `limit`, oldest first). A run that cannot be retried is reported, not raised."""
+        if limit < 1:
+            raise ValueError("limit must be a positive integer")
+        check_actor(by)
+        ids = self.store.failed_ids(
+            agent=agent,
+            reason=TerminationReason(reason).value if reason else None,
+            since=since,
+            limit=limit,
+        )
+        report = RetryReport()
+        for run_id in ids:
+            try:
+                self.retry(run_id, by=by, reset_budget=reset_budget, force=force)
+            except (IllegalTransition, UnknownRun) as error:
+                report.refused.append((run_id, str(error)))
+            else:
+                report.retried.append(run_id)
+        return report
 
     # -- people in the loop --------------------------------------------------------------------
 
@@ -324,9 +436,19 @@ class Runtime:
         """Remove every run past its retention window from every table, leaving tombstones.
 
         `days` (≥ 1) overrides every window. Works in batches of `batch` runs, each its own
-        short transaction; an interrupted purge can simply be run again.
+        short transaction, in which each projection's `forget` removes what it keeps of
+        them; an interrupted purge can simply be run again.
         """
-        purger = Purger(self.store, self.retention_policy(), batch=batch, log=self.log)
+        stores = self.projections()
+        for store in stores.values():  # `forget` may only touch tables that exist
+            store.ensure_tables()
+        purger = Purger(
+            self.store,
+            self.retention_policy(),
+            batch=batch,
+            log=self.log,
+            projections=[(s.name, s.projection.forget) for s in stores.values()],
+        )
         return purger.purge(days, progress=progress)
 
     # -- views, audit ----------------------------------------------------------------------------
@@ -341,7 +463,54 @@ class Runtime:
         return self.views.catch_up(batch=batch)
 
     def projector(self) -> Projector:
-        return Projector(self.views, log=self.log)
+        """The runner of the reporting views and of every projection the app registered."""
+        return Projector(self.views, log=self.log, projections=list(self.projections().values()))
+
+    # -- your projections, the feed ----------------------------------------------------------------
+
+    def projections(self) -> dict[str, ProjectionStore]:
+        """The tracked store of each projection the app registered, by name."""
+        for name, projection in self.app.projections.items():
+            if name not in self._projections:
+                self._projections[name] = ProjectionStore(self.store, projection)
+        return dict(self._projections)
+
+    def projection(self, name: str) -> ProjectionStore:
+        """One registered projection's store.
+
+        Raises:
+            ValueError: no projection of that name.
+        """
+        stores = self.projections()
+        if name not in stores:
+            known = ", ".join(sorted(stores)) or "none registered"
+            raise ValueError(f"unknown projection {name!r} ({known})")
+        return stores[name]
+
+    def project_all(self, *, batch: int = 1000) -> dict[str, int | ProjectionFailed]:
+        """Bring the reporting views and every projection up to the log's head now.
+
+        Returns the events each folded, or the failure of a projection that raised (the
+        others still ran). A store outage raises.
+        """
+        done: dict[str, int | ProjectionFailed] = {"reporting": self.project(batch=batch)}
+        for name, store in self.projections().items():
+            try:
+                done[name] = store.catch_up(batch=batch)
+            except ProjectionFailed as failed:
+                done[name] = failed
+        return done
+
+    def tracked(self) -> list[TrackedStatus]:
+        """Where each tracked projection stands — the reporting views and every projection
+        that has ever run on this database, registered in this process's app or not:
+        position, lag in events, and the failure that stopped it, if any."""
+        return tracked_statuses(self.store)
+
+    def events(self, *, after: Position = (0, 0), limit: int = 1000) -> list[FeedEntry]:
+        """The next `limit` entries of the log after `after`, in the views' order: events,
+        and markers of purged ones. Save the last entry's `position` to resume from."""
+        return read_feed(self.store, after=after, limit=limit)
 
     def audit(self, run_id: UUID, at_version: int) -> tuple[RunState, list[RecordedEvent]]:
         """The run's state as of `at_version`, and the events that led there.
@@ -360,16 +529,44 @@ class Runtime:
     def rebuild(
         self, view: str = "all", *, progress: Callable[[str, int, int], None] | None = None
     ) -> dict[str, int]:
-        """Drop and rebuild views from the log: `run-index`, `reporting` or `all`.
+        """Drop and rebuild views from the log: `run-index`, `reporting`, one of your
+        projections by name, or `all` (every one of them).
 
         The run index is rebuilt in one transaction that pauses writers; the reporting
-        views are emptied and refolded batch by batch. Raises ValueError for another name.
+        views and projections are emptied and refolded batch by batch. Raises ValueError
+        for another name, ProjectionFailed if a projection raises while refolding.
         """
-        return maintenance.rebuild(self.store, self.views, view, progress=progress)
+        stores = self.projections()
+        if view in stores:
+            return {view: self._rebuild_projection(stores[view], progress)}
+        done = maintenance.rebuild(self.store, self.views, view, progress=progress)
+        if view == "all":
+            for store in stores.values():
+                done[store.name] = self._rebuild_projection(store, progress)
+        return done
 
-    def verify(self) -> list[str]:
-        """Rebuild every view in memory from the log and list how the live ones differ."""
-        return self.verify_index() + self.verify_views()
+    @staticmethod
+    def _rebuild_projection(
+        store: ProjectionStore, progress: Callable[[str, int, int], None] | None
+    ) -> int:
+        return store.rebuild(
+            progress=(lambda n, total: progress(store.name, n, total)) if progress else None
+        )
+
+    def verify(self, view: str | None = None) -> list[str]:
+        """Rebuild views in a scratch copy from the log and list how the live ones differ:
+        every view (None), `run-index`, `reporting`, or one of your projections by name."""
+        stores = self.projections()
+        if view is None:
+            problems = self.verify_index() + self.verify_views()
+            for store in stores.values():
+                problems += store.verify()
+            return problems
+        if view == "run-index":
+            return self.verify_index()
+        if view == "reporting":
+            return self.verify_views()
+        return self.projection(view).verify()
 
     def verify_index(self) -> list[str]:
         """Differences between the live run index and one rebuilt from the log."""
@@ -409,11 +606,20 @@ class Runtime:
             raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
         return body
 
+    def executor(self) -> Executor:
+        """The executor of segments this process runs itself (start, resume `here`)."""
+        return self._executor()
+
     def _executor(self) -> Executor:
         if self._keeper is None:
             self._keeper = LeaseKeeper(self.settings.lease_seconds)
         return Executor(
-            self.store, self.app, self.execution_config(), keeper=self._keeper, log=self.log
+            self.store,
+            self.app,
+            self.execution_config(),
+            keeper=self._keeper,
+            log=self.log,
+            threads=self.threads,
         )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from steptrail.infrastructure.factory import open_store
@@ -73,6 +74,16 @@ def pg_url(pg_database: str) -> str:
             )
         ]
         conn.execute(f"TRUNCATE {', '.join(sorted(set(TABLES) | set(extra)))} RESTART IDENTITY")
+        # Tables of user projections (tests' own apps) start from nothing too.
+        for (table,) in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+            "AND tablename NOT LIKE 'steptrail_%'"
+        ).fetchall():
+            conn.execute(
+                psycopg.sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(table)
+                )
+            )
     return pg_database
 
 

@@ -16,10 +16,12 @@ deadline runs on a helper thread the agent stops waiting for at the deadline (AD
 from __future__ import annotations
 
 import contextvars
+import inspect
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Never, TypeVar
 from uuid import UUID
@@ -135,6 +137,37 @@ class Deadlines:
     step_timeout: float | None = None
     tool_timeout: Callable[[str], float | None] = lambda _name: None
     max_duration: float | None = None
+
+
+class AwaitableInSyncStep(TypeError):
+    """A synchronous agent's step returned an awaitable, which it cannot await: the step
+    fails (and the run with it, as not retryable) rather than record something that never
+    ran. Write the agent as `async def`; its context awaits steps."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(
+            f"the {kind} step {name!r} returned an awaitable in a synchronous agent; "
+            "declare the agent `async def` to await it"
+        )
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A step call answered from the journal: `value` is what the agent gets."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class LiveStep:
+    """A step call that runs for real: opened (boundary passed, marker confirmed for a
+    write), waiting for its callable's outcome to be closed with."""
+
+    call: StepCall
+    payload: Mapping[str, Any] | None
+    limit: float | None
+    started: float
+    write: bool = False
 
 
 class RunFailed(Exception):
@@ -372,20 +405,25 @@ class RunContext:
         Denied: no call runs; each gets the error result "denied by the operator", recorded
         as a step, and the agent goes on.
         """
-        resumed = self._taken or self.resumed
-        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
-            raise RuntimeError("run_pending is for a segment resumed after an approval")
         results = []
-        for call in resumed.calls:
-            if not resumed.approved:
+        for call, run in self.pending_calls(tools):
+            if run is None:
                 label = self.tool_label(call.name)
-                self.step("tool", label, lambda: {"error": DENIED}, payload={"tool": label})
+                self.step("tool", label, denied_result, payload={"tool": label})
                 results.append(CallResult(call=call, error=DENIED))
                 continue
-            run = _bind(tools, call)
             value = self.tool(call.name, run, arguments=call.arguments)
             results.append(CallResult(call=call, value=value))
         return results
+
+    def pending_calls(
+        self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
+    ) -> list[tuple[PendingCall, Callable[[], Any] | None]]:
+        """The calls this segment resumed with, each with what runs it (None: denied)."""
+        resumed = self._taken or self.resumed
+        if resumed is None or resumed.kind is not WaitKind.APPROVAL:
+            raise RuntimeError("run_pending is for a segment resumed after an approval")
+        return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
 
     def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
         check_depth(state.conversation, "the saved conversation")
@@ -443,12 +481,10 @@ class RunContext:
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
-        entry = self._next(call)
-        if entry is not None:
-            return _replayed(entry)  # type: ignore[no-any-return]
-        limit = timeout if timeout is not None else self._deadlines.step_timeout
-        return self._live(call, fn, payload=payload, timeout=limit)
+        opened = self.open_step(kind, name, payload=payload, args=args, timeout=timeout)
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        return self._run_live(opened, fn)
 
     def llm(
         self,
@@ -481,6 +517,49 @@ class RunContext:
         marker is cleared by that record; if the tool raises, the marker stays, because
         the write may have happened.
         """
+        opened = self.open_tool(name, arguments=arguments, timeout=timeout)
+        if isinstance(opened, Replayed):
+            return opened.value  # type: ignore[no-any-return]
+        return self._run_live(opened, fn)
+
+    # The halves of a step, shared by this context and the async one (workers/
+    # async_context.py), which runs them on a store thread and awaits the step's callable
+    # between them: one implementation of replay, boundaries, markers, fencing, deadlines
+    # and records for both (ADR 0022).
+
+    def open_step(
+        self,
+        kind: str,
+        name: str,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        args: Any = None,
+        timeout: float | None = None,
+    ) -> LiveStep | Replayed:
+        """Everything before a step's callable runs: its journal entry if it has one
+        (`Replayed`; a recorded error is raised again as `ReplayedError`), else the step
+        boundary, fenced, and the step's deadline (`LiveStep`).
+
+        Raises:
+            LeaseLost, NonDeterministic, ReplayedError, RunTimedOut.
+        """
+        call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
+        entry = self._next(call)
+        if entry is not None:
+            return Replayed(_replayed(entry))
+        limit = timeout if timeout is not None else self._deadlines.step_timeout
+        self._segment.boundary()
+        return LiveStep(call, payload, self._limit(limit), time.perf_counter())
+
+    def open_tool(
+        self,
+        name: str,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> LiveStep | Replayed:
+        """`open_step` for tool `name`: a write tool's pending-effect marker is appended
+        and confirmed here, before its callable may run."""
         # What the log, the journal and log lines call the tool: a name the request may have
         # chosen is free text, labelled below `redacted` unless the app declared it (ADR
         # 0019). The label is a pure function of the name and the privacy level, so a replay
@@ -489,7 +568,7 @@ class RunContext:
         call = StepCall("tool", label, fingerprint(jsonable(dict(arguments or {}))))
         entry = self._next(call)
         if entry is not None:
-            return _replayed(entry)  # type: ignore[no-any-return]
+            return Replayed(_replayed(entry))
         effect = self._effect_of(name)
         payload: dict[str, Any] = {"tool": label, "effect": effect.value}
         if arguments is not None:
@@ -500,21 +579,66 @@ class RunContext:
         if limit is None:
             limit = self._deadlines.step_timeout
         if not effect.is_write:
-            return self._live(call, fn, payload=payload, timeout=limit)
-        # The segment's deadline is checked before the marker: a write that never started
-        # must not leave a marker saying it may have happened.
+            self._segment.boundary()
+            return LiveStep(call, payload, self._limit(limit), time.perf_counter())
+        # The deadline is known before the marker: a run out of time never leaves a marker
+        # for a write that did not start.
         limit = self._limit(limit)
         seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=label, effect=effect))
         self.log.info("effect_pending", tool=label, effect=effect.value, seq=seq)
+        return LiveStep(call, payload, limit, time.perf_counter(), write=True)
+
+    def close_step(
+        self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None
+    ) -> Any:
+        """Everything after a live step's callable returned `outcome` or raised `error`:
+        its record and journal entry (appended at the next boundary, or now for a write
+        tool, ADR 0014). Returns the value the agent gets (`outcome` without `Recorded`)."""
+        value, extra = (None, None) if error is not None else _unwrap(outcome)
         try:
-            value = self._live(call, fn, payload=payload, timeout=limit, marked=True)
-        except LeaseLost:
-            raise
-        except BaseException:
-            self._segment.boundary()  # the failed write's record (its marker stays)
-            raise
-        self._segment.boundary()  # the write's result, durable now (ADR 0014)
+            # May raise PayloadRejected after recording the step as rejected (ADR 0019).
+            self._record(
+                call=step.call,
+                started=step.started,
+                payload=step.payload,
+                extra=extra,
+                error=error,
+                result=value,
+            )
+        finally:
+            if step.write:
+                # A write's record is appended now, whatever it says: its result (which
+                # clears the marker), its error or its rejection (the marker stays).
+                self._segment.boundary()
         return value
+
+    def close_step_nowait(
+        self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None
+    ) -> tuple[bool, Any]:
+        """`close_step` now if it needs no store call (not a write) and nobody holds the
+        segment (the lease keeper may be appending): `(True, value)`. Otherwise `(False,
+        None)` with nothing done: call `close_step` where blocking is fine. The async context
+        uses this to skip a thread hand-off for most steps without ever blocking its loop."""
+        lock = self._segment.lock
+        if step.write or not lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, self.close_step(step, outcome=outcome, error=error)
+        finally:
+            lock.release()
+
+    @contextmanager
+    def renewing_until(self, seconds: float) -> Iterator[None]:
+        """While a step with a deadline `seconds` away runs, the lease keeper renews only
+        until that deadline (ADR 0015)."""
+        segment = self._segment
+        outer = segment.renew_until
+        deadline = self._clock() + seconds
+        segment.renew_until = deadline if outer is None else min(outer, deadline)
+        try:
+            yield
+        finally:
+            segment.renew_until = outer
 
     def tool_label(self, name: str) -> str:
         """How tool `name` appears in this run's log at its privacy level."""
@@ -555,33 +679,17 @@ class RunContext:
             self.note_replay()
         return entry
 
-    def _live(
-        self,
-        call: StepCall,
-        fn: Callable[[], T | Recorded[T]],
-        *,
-        payload: Mapping[str, Any] | None,
-        timeout: float | None,
-        marked: bool = False,
-    ) -> T:
-        """Run `fn` for real and record it. `marked`: a write whose marker was just appended
-        (that append was the boundary, and the deadline was checked before it)."""
-        if not marked:
-            self._segment.boundary()
-        limit = timeout if marked else self._limit(timeout)
-        started = time.perf_counter()
+    def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
         try:
-            outcome = fn() if limit is None else self._with_deadline(call.name, fn, limit)
+            if step.limit is None:
+                outcome = fn()
+            else:
+                outcome = self._with_deadline(step.call.name, fn, step.limit)
+            outcome = _not_awaitable(outcome, step.call.kind, step.call.name)
         except Exception as error:
-            self._record(
-                call=call, started=started, payload=payload, extra=None, error=error, result=None
-            )
+            self.close_step(step, error=error)
             raise
-        value: T
-        value, extra = _unwrap(outcome)
-        self._record(
-            call=call, started=started, payload=payload, extra=extra, error=None, result=value
-        )
+        value: T = self.close_step(step, outcome=outcome)
         return value
 
     def _limit(self, timeout: float | None) -> float | None:
@@ -611,15 +719,9 @@ class RunContext:
                 box["error"] = error
 
         thread = threading.Thread(target=target, name=f"steptrail-step-{name}", daemon=True)
-        segment = self._segment
-        outer = segment.renew_until
-        deadline = self._clock() + seconds
-        segment.renew_until = deadline if outer is None else min(outer, deadline)
-        try:
+        with self.renewing_until(seconds):
             thread.start()
             thread.join(seconds)
-        finally:
-            segment.renew_until = outer
         if thread.is_alive():
             self.log.warning("step_timed_out", step=name, timeout_s=seconds)
             raise StepTimedOut(name, seconds)
@@ -751,6 +853,25 @@ def _bind(
         fn = tools[call.name]
         return lambda: fn(**call.arguments)
     return lambda: tools(call)
+
+
+def denied_result() -> dict[str, str]:
+    """The result a denied pending call is recorded with."""
+    return {"error": DENIED}
+
+
+def _not_awaitable(outcome: T, kind: str, name: str) -> T:
+    if inspect.isawaitable(outcome):
+        discard_awaitable(outcome)
+        raise AwaitableInSyncStep(kind, name)
+    return outcome
+
+
+def discard_awaitable(awaitable: object) -> None:
+    """Close a coroutine nobody will await, so it neither runs nor warns."""
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
 
 
 def _unwrap(outcome: Any) -> tuple[Any, Recorded[Any] | None]:

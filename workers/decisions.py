@@ -69,6 +69,16 @@ class PendingDecision:
     prompt: str | None
 
 
+@dataclass(frozen=True)
+class ResumeHere:
+    """A run this process holds under a fresh `resume:` lease, ready to be executed."""
+
+    run: Run
+    request: dict[str, Any]
+    resumable: dict[str, Any]
+    lease_from: float | None = None  # when the resuming append was sent (ADR 0016)
+
+
 class Decisions:
     """Approve, deny and submit input for waiting runs (see the module docstring)."""
 
@@ -125,6 +135,38 @@ class Decisions:
             DigestMismatch; InvalidInput (also for input too deep or too large);
             InvalidActor; CorruptResumableState.
         """
+        handed = self.record(
+            run_id,
+            by=by,
+            kind=kind,
+            approved=approved,
+            digest=digest,
+            values=values,
+            resume=resume,
+        )
+        if isinstance(handed, SegmentResult):
+            return handed
+        return self.executor().execute(
+            handed.run, handed.request, resumable=handed.resumable, lease_from=handed.lease_from
+        )
+
+    def record(
+        self,
+        run_id: UUID,
+        *,
+        by: str,
+        kind: WaitKind,
+        approved: bool,
+        digest: str | None = None,
+        values: Mapping[str, Any] | None = None,
+        resume: ResumeMode = "auto",
+    ) -> SegmentResult | ResumeHere:
+        """Record a decision and hand the run on: to the queue (a `requeued`-style result
+        whose status is `queued`) or to this process (`ResumeHere`: the caller executes the
+        resumed segment, in a thread or, for an async agent, on its loop).
+
+        Raises: as `decide`.
+        """
         check_actor(by)
         if values is not None:
             check_input_bounds(values, self.max_input_bytes)
@@ -169,9 +211,7 @@ class Decisions:
         if mode == "queue":
             return SegmentResult(run.id, Outcome.REQUEUED, run.status, run.version)
         request = decode_request(self.store.saved(run_id, "request") or b"")
-        return self.executor().execute(
-            run, request, resumable=saved.model_dump(mode="json"), lease_from=sent
-        )
+        return ResumeHere(run, request, saved.model_dump(mode="json"), lease_from=sent)
 
     # -- internals -----------------------------------------------------------------------------
 

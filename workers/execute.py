@@ -6,10 +6,13 @@ wins: a settle that conflicts changes nothing and reports how the run was lost i
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import random
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import structlog
@@ -25,10 +28,21 @@ from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
-from steptrail.workers.context import Deadlines, RunContext, RunFailed, Suspend, jsonable
+from steptrail.workers.async_context import AsyncRunContext
+from steptrail.workers.context import (
+    Deadlines,
+    RunContext,
+    RunFailed,
+    Suspend,
+    discard_awaitable,
+    jsonable,
+)
 from steptrail.workers.lease import LeaseKeeper
-from steptrail.workers.registry import App
+from steptrail.workers.registry import AgentSpec, App
 from steptrail.workers.segment import LeaseLost, Segment
+from steptrail.workers.store_threads import StoreThreads
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,8 +65,26 @@ class ExecutionConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
+class AwaitableAgent(TypeError):
+    """A synchronous agent function returned an awaitable (say, a plain function wrapping an
+    `async def` one). It is never settled as if it had run: the run fails, not retryable.
+    Register the `async def` function itself, so the worker awaits it."""
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(
+            f"agent {agent!r} returned an awaitable from a synchronous function; register "
+            "an `async def` agent so that steptrail awaits it"
+        )
+
+
 class Executor:
-    """Runs claimed (or started, or resumed) segments to their outcome."""
+    """Runs claimed (or started, or resumed) segments to their outcome.
+
+    Synchronous agents run in the calling thread (`execute`); async agents run as a
+    coroutine (`execute_async`) whose store calls go to `threads`. Both open their segment
+    with `_open` and settle through `conclude`, so there is one implementation of how a
+    segment starts and ends (ADR 0022).
+    """
 
     # The context an agent gets; the testing kit substitutes one that injects faults.
     context_class: type[RunContext] = RunContext
@@ -66,6 +98,7 @@ class Executor:
         keeper: LeaseKeeper,
         log: structlog.typing.FilteringBoundLogger,
         rng: random.Random | None = None,
+        threads: StoreThreads | None = None,
     ) -> None:
         self.store = store
         self.app = app
@@ -74,6 +107,7 @@ class Executor:
         self.log = log
         self.rng = rng or random.Random()
         self.classifier: Classifier = app.classifier
+        self.threads = threads or StoreThreads()
 
     def execute(
         self,
@@ -84,8 +118,78 @@ class Executor:
         lease_from: float | None = None,
     ) -> SegmentResult:
         """Run the agent of `run` (held by this process) and settle it. `lease_from` is
-        when the write that gave this process the lease was sent (`time.monotonic()`)."""
+        when the write that gave this process the lease was sent (`time.monotonic()`).
+
+        An async agent runs to its end on a private event loop in this thread; from a thread
+        that already runs a loop, await `execute_async` instead.
+        """
         spec = self.app.get(run.state.agent)
+        if spec.is_async:
+            return run_to_end(
+                self.execute_async(run, request, resumable=resumable, lease_from=lease_from)
+            )
+        opened = self._open(spec, run, request, resumable, lease_from)
+        if isinstance(opened, SegmentResult):
+            return opened
+        segment, ctx = opened
+        try:
+            try:
+                result = _not_awaitable(spec.fn(ctx, ctx.request), spec.name)  # type: ignore[arg-type]
+            # Any agent error goes to the retry ladder; LeaseLost and Suspend end the segment.
+            except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001
+                return self.conclude(segment, ctx, error=error)
+            return self.conclude(segment, ctx, result=result)
+        finally:
+            self._close(segment)
+
+    async def execute_async(
+        self,
+        run: Run,
+        request: dict[str, Any],
+        *,
+        resumable: dict[str, Any] | None = None,
+        lease_from: float | None = None,
+    ) -> SegmentResult:
+        """Run the agent of `run` as a coroutine on the running loop and settle it. Every
+        store call (the journal read, appends, the settle) runs on `self.threads`; the loop
+        never blocks on the store. A synchronous agent runs on a thread of its own (not a
+        store thread: it may take minutes)."""
+        spec = self.app.get(run.state.agent)
+        if not spec.is_async:
+            return await asyncio.to_thread(
+                self.execute, run, request, resumable=resumable, lease_from=lease_from
+            )
+        if run.state.steps:  # reads its journal: a store call
+            opened = await self.threads.call(self._open, spec, run, request, resumable, lease_from)
+        else:  # a fresh run has no journal: nothing here touches the store
+            opened = self._open(spec, run, request, resumable, lease_from)
+        if isinstance(opened, SegmentResult):
+            return opened
+        segment, core = opened
+        ctx = AsyncRunContext(core, self.threads)
+        deactivate = ctx.activate()
+        try:
+            try:
+                result = spec.fn(ctx, ctx.request)  # type: ignore[arg-type]
+                if inspect.isawaitable(result):
+                    result = await result
+            except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001 - as in `execute`
+                return await self.threads.call(self.conclude, segment, core, error=error)
+            return await self.threads.call(self.conclude, segment, core, result=result)
+        finally:
+            deactivate()
+            self._close(segment)
+
+    def _open(
+        self,
+        spec: AgentSpec,
+        run: Run,
+        request: dict[str, Any],
+        resumable: dict[str, Any] | None,
+        lease_from: float | None,
+    ) -> tuple[Segment, RunContext] | SegmentResult:
+        """The segment and its context, ready to run the agent; or, when the journal cannot
+        be read, the result of a segment that never started."""
         privacy = spec.privacy or self.config.privacy
         segment = Segment(
             self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
@@ -115,32 +219,39 @@ class Executor:
             ),
         )
         self.keeper.track(segment)
-        try:
-            return self._run(segment, ctx, spec.fn, privacy)
-        finally:
-            self.keeper.untrack(segment)
-            segment.close()
+        return segment, ctx
 
-    def _run(
-        self, segment: Segment, ctx: RunContext, fn: Any, privacy: PrivacyLevel
+    def _close(self, segment: Segment) -> None:
+        self.keeper.untrack(segment)
+        segment.close()
+
+    def conclude(
+        self,
+        segment: Segment,
+        ctx: RunContext,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
     ) -> SegmentResult:
+        """Settle the segment after its agent returned `result` or raised `error`."""
         run = segment.run
-        try:
-            result = fn(ctx, ctx.request)
-        except LeaseLost as lost:
-            return self._result(segment, lost.outcome)
-        except Suspend as suspended:
-            return self._result(segment, suspended.outcome)
-        except RunFailed as failed:
+        privacy = ctx.privacy
+        if isinstance(error, LeaseLost):
+            return self._result(segment, error.outcome)
+        if isinstance(error, Suspend):
+            return self._result(segment, error.outcome)
+        if isinstance(error, RunFailed):
             if ctx.diverged is not None:  # a replay mismatch outranks what the agent made of it
                 return self._on_failure(segment, ctx, ctx.diverged)
-            reason, error_type = failed.reason, type(failed).__name__
+            reason, error_type = error.reason, type(error).__name__
             ctx.note_replay()
             return self._settle(
                 segment, lambda r: r.fail(reason=reason, error_type=error_type), Outcome.FAILED
             )
-        except Exception as error:  # noqa: BLE001 - any agent error goes to the retry ladder
+        if isinstance(error, Exception):
             return self._on_failure(segment, ctx, ctx.diverged or error)
+        if error is not None:
+            raise error
         if segment.lost is not None:
             return self._result(segment, segment.lost.outcome)
         if ctx.diverged is not None:  # the agent swallowed the mismatch; the run still fails
@@ -152,8 +263,8 @@ class Executor:
             check_depth(result, "the run's result")
             body = filter_payload(jsonable({"result": result}), privacy)
             ctx.check_size(body, "the run's result")
-        except PayloadRejected as error:
-            return self._on_failure(segment, ctx, error)
+        except PayloadRejected as rejected:
+            return self._on_failure(segment, ctx, rejected)
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
         )
@@ -247,6 +358,11 @@ class CorruptResumableState(DomainError):
     """The saved resumable state is unreadable or does not match what the run waits on."""
 
 
+def has_resumable(run: Run) -> bool:
+    """Whether `resumable_of` has state to read for `run` (a store call)."""
+    return run.state.decision is not None and run.state.has_resumable_state
+
+
 def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
     """The saved resumable state a decided run resumes with, or None for a fresh segment.
 
@@ -258,7 +374,7 @@ def resumable_of(store: RunStore, run: Run) -> dict[str, Any] | None:
         CorruptResumableState: unreadable, or not what the decision was about.
     """
     decision = run.state.decision
-    if decision is None or not run.state.has_resumable_state:
+    if decision is None or not has_resumable(run):
         return None
     body = store.saved(run.id, "resumable")
     if body is None:
@@ -281,3 +397,33 @@ def decode_request(body: bytes) -> dict[str, Any]:
         return {}
     value = json.loads(body)
     return value if isinstance(value, dict) else {"input": value}
+
+
+def _not_awaitable(result: Any, agent: str) -> Any:
+    if inspect.isawaitable(result):
+        discard_awaitable(result)
+        raise AwaitableAgent(agent)
+    return result
+
+
+class LoopAlreadyRunning(RuntimeError):
+    """An async agent was to be run to its end from a thread whose event loop is running."""
+
+
+def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` on a fresh event loop in this thread (the synchronous API's way to
+    run an async agent: `Runtime.start`, a resume `here`).
+
+    Raises:
+        LoopAlreadyRunning: this thread already runs a loop (nothing ran); use
+            `steptrail.open_async` and await instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise LoopAlreadyRunning(
+        "an async agent cannot be run to its end from inside a running event loop; "
+        "use `async with steptrail.open_async(app)` and await it"
+    )

@@ -6,21 +6,30 @@ database; `steptrail --app module:attr` loads it and the runtime wires it to a s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
+from steptrail.domain.run import RunEvent
+from steptrail.projections.custom import EventContext, FunctionProjection, Projection, Sql
 
 if TYPE_CHECKING:
+    from steptrail.workers.async_context import AsyncRunContext
     from steptrail.workers.context import RunContext
 
 AgentResult = Mapping[str, Any] | None
-AgentFn = Callable[["RunContext", dict[str, Any]], AgentResult]
+SyncAgentFn = Callable[["RunContext", dict[str, Any]], AgentResult]
+AsyncAgentFn = Callable[["AsyncRunContext", dict[str, Any]], Awaitable[AgentResult]]
+AgentFn = SyncAgentFn | AsyncAgentFn
 F = TypeVar("F", bound=AgentFn)
+P = TypeVar("P")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class UnknownAgent(LookupError):
@@ -39,6 +48,20 @@ class AgentSpec:
     request_model: type[BaseModel] | None = None
     step_timeout: float | None = None
     max_duration: float | None = None
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", is_async_callable(self.fn))
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling `fn` gives a coroutine: an `async def` function, a partial of one,
+    or an object whose `__call__` is one. (A plain function that happens to return an
+    awaitable is caught when it runs: the executor refuses to settle it.)"""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - the bound method, not callable()
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
 
 
 class App:
@@ -50,6 +73,9 @@ class App:
         @app.agent("summarise")
         def summarise(ctx, request): ...
 
+        @app.agent("research")               # async agents get an AsyncRunContext
+        async def research(ctx, request): ...
+
         app.tool("send_email", effect="non_idempotent_write")
         app.classify(MyProviderTimeout, "connection")
     """
@@ -57,6 +83,7 @@ class App:
     def __init__(self) -> None:
         self._agents: dict[str, AgentSpec] = {}
         self._tools: dict[str, Effect] = {}
+        self._projections: dict[str, Projection] = {}
         self._tool_timeouts: dict[str, float] = {}
         self.classifier = Classifier()
 
@@ -137,6 +164,59 @@ class App:
         """Map one of your exception types (and its subclasses) to a failure class."""
         self.classifier.register(exc_type, failure_class)
 
+    def projection(
+        self,
+        name: str,
+        *,
+        tables: Sequence[str] = (),
+        create_tables: Callable[[Sql], None] | None = None,
+        topics: Sequence[str] = (),
+    ) -> Callable[[P], P]:
+        """Register the decorated projection under `name`.
+
+        Decorate a `steptrail.Projection` subclass (instantiated once, without arguments),
+        or a function `apply(event, ctx)` — then pass `tables` and `create_tables` here.
+        """
+
+        def register(target: P) -> P:
+            if isinstance(target, type) and issubclass(target, Projection):
+                instance = target()
+            elif callable(target):
+                if create_tables is None:
+                    raise ValueError(f"projection {name!r}: a function needs create_tables=")
+                fn: Callable[[RunEvent, EventContext], None] = target
+                instance = FunctionProjection(
+                    name, fn, tables=tables, create_tables=create_tables, topics=topics
+                )
+            else:
+                raise TypeError(f"projection {name!r}: not a Projection class or a function")
+            self.add_projection(name, instance)
+            return target
+
+        return register
+
+    def add_projection(self, name: str, projection: Projection) -> None:
+        """Register a projection object under `name` (sets its `name`)."""
+        if not name or not _IDENTIFIER.fullmatch(name):
+            raise ValueError(f"a projection name is letters, digits and _ only, not {name!r}")
+        if name in ("reporting", "run-index", "all"):
+            raise ValueError(f"{name!r} is a built-in view's name")
+        known = self._projections.get(name)
+        if known is not None and known is not projection:
+            raise ValueError(f"projection {name!r} is registered twice")
+        if not projection.tables:
+            raise ValueError(f"projection {name!r} must name its tables (for rebuild/verify)")
+        for table in projection.tables:
+            if not _IDENTIFIER.fullmatch(table) or table.lower().startswith("steptrail_"):
+                raise ValueError(f"projection {name!r}: {table!r} is not a table it may own")
+        projection.name = name
+        self._projections[name] = projection
+
+    @property
+    def projections(self) -> dict[str, Projection]:
+        """Every registered projection, by name."""
+        return dict(self._projections)
+
     def include(self, other: App) -> None:
         """Add every agent, tool and mapping of `other` (for reusable agent packs)."""
         for spec in other._agents.values():
@@ -149,6 +229,8 @@ class App:
                 max_duration=spec.max_duration,
             )
         self._tools.update(other._tools)
+        for name, projection in other._projections.items():
+            self.add_projection(name, projection)
         self._tool_timeouts.update(other._tool_timeouts)
         for exc_type, failure_class in other.classifier._mappings.items():
             self.classifier.register(exc_type, failure_class)

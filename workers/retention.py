@@ -18,6 +18,7 @@ from uuid import UUID
 import structlog
 
 from steptrail.domain.retention import Category, RetentionPolicy
+from steptrail.projections.custom import PurgeHook
 
 
 class Purgeable(Protocol):
@@ -25,7 +26,13 @@ class Purgeable(Protocol):
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int: ...
     def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]: ...
     def purge_batch(
-        self, *, category: str, statuses: Sequence[str], cutoff: datetime, limit: int
+        self,
+        *,
+        category: str,
+        statuses: Sequence[str],
+        cutoff: datetime,
+        limit: int,
+        projections: Sequence[PurgeHook] = (),
     ) -> list[UUID]: ...
     def after_purge(self) -> None: ...
 
@@ -73,6 +80,7 @@ class Purger:
         *,
         batch: int = 100,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        projections: Sequence[PurgeHook] = (),
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be a positive integer")
@@ -80,6 +88,7 @@ class Purger:
         self.policy = policy
         self.batch = batch
         self.log = log or structlog.get_logger()
+        self.projections = tuple(projections)
 
     def purge(
         self,
@@ -108,7 +117,11 @@ class Purger:
             done = 0
             while True:
                 ids = self.store.purge_batch(
-                    category=category.value, statuses=statuses, cutoff=cutoff, limit=self.batch
+                    category=category.value,
+                    statuses=statuses,
+                    cutoff=cutoff,
+                    limit=self.batch,
+                    projections=self.projections,
                 )
                 done += len(ids)
                 if progress is not None:

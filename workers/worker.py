@@ -1,13 +1,17 @@
 """The worker loop: claim a run, execute it under its lease, settle it; N at a time.
 
-One dispatcher thread claims while a slot is free and hands each claimed run to a pool of N
-threads (agent steps wait on the network, so threads are the right unit: 100 sleeping runs
-fit in one process). An idle dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on
-PostgreSQL, in-process on SQLite) or `poll_interval` passes.
+One dispatcher thread claims while a slot is free and hands each claimed run on: a run of a
+synchronous agent to a pool of threads, a run of an async agent to the worker's one event
+loop as a task. `concurrency` bounds both together. Threads suit agents that block (100
+sleeping runs fit in a process); tasks suit agents that await (thousands do), and their
+store calls go to a small pool of store threads so the loop never blocks (ADR 0023). An idle
+dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on PostgreSQL, in-process on
+SQLite) or `poll_interval` passes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -16,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import uuid4
 
 import structlog
@@ -30,10 +35,12 @@ from steptrail.workers.execute import (
     Executor,
     SegmentResult,
     decode_request,
+    has_resumable,
     resumable_of,
 )
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
+from steptrail.workers.store_threads import DEFAULT_STORE_THREADS, StoreThreads
 
 MAX_CLAIM_BATCH = 16
 
@@ -69,6 +76,8 @@ class Worker:
         poll_interval: float = 1.0,
         log: structlog.typing.FilteringBoundLogger | None = None,
         on_result: Callable[[SegmentResult], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        store_threads: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -85,6 +94,11 @@ class Worker:
         self.report = WorkerReport(holder=self.holder)
         self._in_flight = 0
         self._slot_freed = threading.Condition()
+        # Async runs go to `loop` (the caller's, for `AsyncRuntime.work`) or, when none is
+        # given, to a loop this worker starts in its own thread at the first async run.
+        self._loop = loop
+        self._own_loop: threading.Thread | None = None
+        self._threads = StoreThreads(store_threads or DEFAULT_STORE_THREADS)
 
     def stop(self) -> None:
         """Stop claiming; runs in flight finish (a second signal may kill the process, and
@@ -96,7 +110,9 @@ class Worker:
 
     def run(self) -> WorkerReport:
         keeper = LeaseKeeper(self.config.lease_s)
-        executor = Executor(self.store, self.app, self.config, keeper=keeper, log=self.log)
+        executor = Executor(
+            self.store, self.app, self.config, keeper=keeper, log=self.log, threads=self._threads
+        )
         agents = self.app.agent_names
         lease_ms = round(self.config.lease_s * 1000)
         self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
@@ -135,7 +151,19 @@ class Worker:
                     self._in_flight += len(claimed)
                     self.report.claimed += len(claimed)
                 for item in claimed:
-                    pool.submit(self._execute, executor, item, sent)
+                    if self.app.get(item.run.state.agent).is_async:
+                        asyncio.run_coroutine_threadsafe(
+                            self._execute_async(executor, item, sent), self._async_loop()
+                        )
+                    else:
+                        pool.submit(self._execute, executor, item, sent)
+            # Stopping: wait for every run in flight, threads and tasks alike, so a graceful
+            # stop finishes them all before the loop and the store threads go away.
+            with self._slot_freed:
+                while self._in_flight:
+                    self._slot_freed.wait(0.5)
+        self._stop_own_loop()
+        self._threads.close()
         keeper.close()
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
@@ -158,33 +186,95 @@ class Worker:
         return SegmentResult(run.id, Outcome.FAILED, run.status, run.version)
 
     def _execute(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
+        log = self._claimed(claimed)
         run = claimed.run
-        log = self.log.bind(run_id=str(run.id), version=run.version)
         try:
-            log.info("run_claimed", agent=run.state.agent, attempt=run.state.requeue_count + 1)
-            try:
-                request = decode_request(claimed.request)
-            except ValueError:
-                request = {}
+            request = _request_of(claimed)
             try:
                 resumable = resumable_of(self.store, run)
             except CorruptResumableState as error:
                 result = self._refuse(run, error)
             else:
                 result = executor.execute(run, request, resumable=resumable, lease_from=sent)
-            log.info("segment_finished", outcome=result.outcome.value, version=result.version)
-            with self._slot_freed:
-                self.report.outcomes[result.outcome.value] += 1
-            if self.on_result is not None:
-                self.on_result(result)
-        except Exception:  # a bug in steptrail or a callback; the run's lease will expire
-            log.exception("segment_crashed")
-            with self._slot_freed:
-                self.report.outcomes[Outcome.LEASE_LOST.value] += 1
+            self._finished(log, result)
+        # A bug in steptrail or a callback (logged by `_crashed`); the run's lease will expire.
+        except Exception:  # noqa: BLE001
+            self._crashed(log)
         finally:
-            with self._slot_freed:
-                self._in_flight -= 1
-                self._slot_freed.notify()
-            wake = getattr(self.store, "wake", None)
-            if wake is not None:
-                wake()
+            self._free_slot()
+
+    async def _execute_async(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
+        log = self._claimed(claimed)
+        run = claimed.run
+        try:
+            request = _request_of(claimed)
+            resumable = None
+            try:
+                if has_resumable(run):
+                    resumable = await self._threads.call(resumable_of, self.store, run)
+            except CorruptResumableState as error:
+                result = await self._threads.call(self._refuse, run, error)
+            else:
+                result = await executor.execute_async(
+                    run, request, resumable=resumable, lease_from=sent
+                )
+            self._finished(log, result)
+        except Exception:  # noqa: BLE001 - as in `_execute`
+            self._crashed(log)
+        finally:
+            self._free_slot()
+
+    def _claimed(self, claimed: ClaimedRun) -> structlog.typing.FilteringBoundLogger:
+        run = claimed.run
+        log = self.log.bind(run_id=str(run.id), version=run.version)
+        log.info("run_claimed", agent=run.state.agent, attempt=run.state.requeue_count + 1)
+        return log
+
+    def _finished(self, log: structlog.typing.FilteringBoundLogger, result: SegmentResult) -> None:
+        log.info("segment_finished", outcome=result.outcome.value, version=result.version)
+        with self._slot_freed:
+            self.report.outcomes[result.outcome.value] += 1
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def _crashed(self, log: structlog.typing.FilteringBoundLogger) -> None:
+        log.exception("segment_crashed")
+        with self._slot_freed:
+            self.report.outcomes[Outcome.LEASE_LOST.value] += 1
+
+    def _free_slot(self) -> None:
+        with self._slot_freed:
+            self._in_flight -= 1
+            self._slot_freed.notify_all()
+        wake = getattr(self.store, "wake", None)
+        if wake is not None:
+            wake()
+
+    # -- the event loop of async runs ----------------------------------------------------------
+
+    def _async_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            self._own_loop = threading.Thread(
+                target=loop.run_forever, name="steptrail-async-runs", daemon=True
+            )
+            self._own_loop.start()
+            self._loop = loop
+        return self._loop
+
+    def _stop_own_loop(self) -> None:
+        if self._own_loop is None or self._loop is None:
+            return
+        loop = self._loop
+        loop.call_soon_threadsafe(loop.stop)
+        self._own_loop.join(timeout=5)
+        if not loop.is_running():
+            loop.close()
+        self._own_loop, self._loop = None, None
+
+
+def _request_of(claimed: ClaimedRun) -> dict[str, Any]:
+    try:
+        return decode_request(claimed.request)
+    except ValueError:
+        return {}

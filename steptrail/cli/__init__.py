@@ -1,6 +1,6 @@
 """The `steptrail` command line: `steptrail --help` lists the commands.
 
-The commands live in `runs`, `people` and `views`; importing them registers them on the one
+The commands live in `runs`, `people`, `views` and `feed`; importing them registers them on the one
 Typer app defined in `app`.
 """
 
@@ -13,7 +13,7 @@ from steptrail.cli.app import cli, run_cli
 __all__ = ["cli", "main"]
 
 # Registration order is the order `--help` lists the commands in.
-for _module in ("runs", "people", "views", "checks"):
+for _module in ("runs", "people", "views", "feed", "checks"):
     importlib.import_module(f"steptrail.cli.{_module}")
 
 

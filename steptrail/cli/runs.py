@@ -1,10 +1,11 @@
 """Commands that queue, work and inspect runs: migrate, enqueue, work, show, runs, cancel,
-reap, demo."""
+retry, reap, demo."""
 
 from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +13,7 @@ import typer
 from steptrail.cli.app import (
     cli,
     emit_json,
+    err,
     json_object,
     out,
     parse_run_id,
@@ -75,7 +77,16 @@ def work(
     ctx: typer.Context,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", "-c", min=1, max=256, help="Runs executed at once."),
+        typer.Option(
+            "--concurrency",
+            "-c",
+            min=1,
+            # Bounded like every option (ADR 0021), but high enough for async agents, whose
+            # in-flight runs are tasks on one loop rather than threads (ADR 0023).
+            max=10_000,
+            help="Runs executed at once (at most 10,000): a thread each for sync agents, a "
+            "task on the worker's one event loop for async agents.",
+        ),
     ] = 1,
     burst: Annotated[
         bool,
@@ -171,6 +182,97 @@ def cancel(
     with runtime(ctx) as rt:
         row = rt.cancel(rid, by=by)
         out.print(f"{rid} {row.status.value}")
+
+
+def parse_since(value: str, now: datetime | None = None) -> datetime:
+    """An instant given as an ISO 8601 time (UTC if no zone) or as an age: 90s, 30m, 12h, 7d."""
+    now = now or datetime.now(UTC)
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = value.strip().lower()
+    if text[-1:] in units and text[:-1].isdigit():
+        return now - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+    try:
+        at = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is neither an ISO time nor an age like 30m, 12h, 7d"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+@cli.command()
+def retry(
+    ctx: typer.Context,
+    run_id: Annotated[
+        str | None, typer.Argument(help="The failed run's id (or use --agent/--reason/--since).")
+    ] = None,
+    by: Annotated[str, typer.Option("--by", help="Who retries (recorded).")] = "",
+    reset_budget: Annotated[
+        bool,
+        typer.Option("--reset-budget", help="Give the run its full requeue budget again."),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Retry even though a non-idempotent write may have happened (recorded).",
+        ),
+    ] = False,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Bulk: failed runs of this agent.")
+    ] = None,
+    reason: Annotated[
+        TerminationReason | None, typer.Option("--reason", help="Bulk: failed for this reason.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since", metavar="TIME", help="Bulk: failed since TIME (ISO time, or 30m, 12h, 7d)."
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Bulk: at most this many.")] = 1000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Put a failed run back on the queue (dead-lettered or not), recorded with --by. Refused
+    for a run that is not failed, and for one whose non-idempotent write may have happened
+    unless --force. With --agent/--reason/--since instead of RUN_ID: every matching failed
+    run (a refused one is reported and skipped; exit 1 if any was refused)."""
+    bulk = agent is not None or reason is not None or since is not None
+    if (run_id is None) == (not bulk):
+        raise typer.BadParameter("give a RUN_ID, or --agent/--reason/--since (not both)")
+    if run_id is not None:
+        rid = parse_run_id(run_id)
+        with runtime(ctx) as rt:
+            row = rt.retry(rid, by=by, reset_budget=reset_budget, force=force)
+        if as_json:
+            emit_json(row_dict(row))
+        else:
+            out.print(f"{rid} {row.status.value} (requeues so far: {row.state.requeue_count})")
+        return
+    start = parse_since(since) if since is not None else datetime.fromtimestamp(0, UTC)
+    with runtime(ctx) as rt:
+        report = rt.retry_many(
+            by=by,
+            since=start,
+            agent=agent,
+            reason=reason,
+            reset_budget=reset_budget,
+            force=force,
+            limit=limit,
+        )
+    if as_json:
+        emit_json(
+            {
+                "retried": [str(r) for r in report.retried],
+                "refused": [{"run_id": str(r), "error": e} for r, e in report.refused],
+            }
+        )
+    else:
+        for refused, why in report.refused:
+            err.print(f"refused {refused}: {why}", highlight=False)
+        out.print(f"retried {len(report.retried)} run(s), refused {len(report.refused)}")
+    if report.refused:
+        raise typer.Exit(1)
 
 
 @cli.command()

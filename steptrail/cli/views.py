@@ -1,10 +1,10 @@
 """Commands over the views and the log's upkeep: stats, dead-letters, audit, project,
-rebuild, verify, purge."""
+rebuild, verify, purge, metrics."""
 
 from __future__ import annotations
 
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -24,7 +24,10 @@ from steptrail.cli.app import (
 from steptrail.cli.runs import MAX_EVERY_S, MAX_LIMIT
 from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.factory import ReadOnlyStore
+from steptrail.infrastructure.feed import format_position
+from steptrail.infrastructure.projection_store import TrackedStatus
 from steptrail.infrastructure.settings import MAX_DAYS
+from steptrail.projections.custom import ProjectionFailed
 from steptrail.render import add_row, event_dict, inert, trail_table
 from steptrail.runtime import Runtime
 
@@ -55,6 +58,7 @@ def stats(
         views = rt.views
         counts, reasons, health = views.status_counts(), views.reason_counts(), views.health()
         runner = views.runner()
+        tracked = rt.tracked()
     oldest = (
         (health.now - health.oldest_queued_at).total_seconds()
         if health.oldest_queued_at is not None
@@ -76,6 +80,7 @@ def stats(
                     "failed_batches": runner.failures,
                     "last_error": runner.last_error,
                 },
+                "projections": [tracked_dict(t) for t in tracked],
             }
         )
         return
@@ -100,6 +105,39 @@ def stats(
             markup=True,
             highlight=False,
         )
+    projections = Table(title="Projections")
+    for column in ("projection", "position", "lag (events)", "state"):
+        projections.add_column(column, overflow="fold")
+    for t in tracked:
+        state = "ok"
+        if t.failure is not None:
+            state = (
+                f"stopped at {format_position(t.failure.position)} "
+                f"({t.failure.topic}, run {t.failure.run_id}, {t.failure.attempts} attempt(s)): "
+                f"{t.failure.error}"
+            )
+        add_row(projections, t.name, format_position(t.position), t.lag, state)
+    out.print(projections)
+
+
+def tracked_dict(t: TrackedStatus) -> dict[str, Any]:
+    """A tracked projection's status as JSON-compatible data."""
+    failure = None
+    if t.failure is not None:
+        failure = {
+            "position": format_position(t.failure.position),
+            "run_id": str(t.failure.run_id) if t.failure.run_id else None,
+            "topic": t.failure.topic,
+            "error": t.failure.error,
+            "failed_at": t.failure.failed_at.isoformat() if t.failure.failed_at else None,
+            "attempts": t.failure.attempts,
+        }
+    return {
+        "name": t.name,
+        "position": format_position(t.position),
+        "lag": t.lag,
+        "failure": failure,
+    }
 
 
 @cli.command("dead-letters")
@@ -186,10 +224,19 @@ def project(
         ),
     ] = None,
 ) -> None:
-    """Bring the reporting views up to the log (workers also do this in the background)."""
+    """Bring the reporting views and the app's projections up to the log (workers also do
+    this in the background). A projection that raises stops alone; see `stats`."""
     with runtime(ctx) as rt:
         if every is None:
-            out.print(f"projected {rt.project()} event(s)")
+            failed = False
+            for name, done in rt.project_all().items():
+                if isinstance(done, ProjectionFailed):
+                    failed = True
+                    err.print(f"[bold red]{name}:[/] {done}", highlight=False)
+                else:
+                    out.print(f"{name}: projected {done} event(s)")
+            if failed:
+                raise typer.Exit(1)
             return
         stop = threading.Event()
         stop_on_signals(stop.set)
@@ -200,11 +247,16 @@ def project(
 def rebuild(
     ctx: typer.Context,
     view: Annotated[
-        str, typer.Argument(help="run-index, reporting (summaries, counts, dead letters) or all.")
+        str,
+        typer.Argument(
+            help="run-index, reporting (summaries, counts, dead letters), the name of one of "
+            "the app's projections, or all."
+        ),
     ] = "all",
 ) -> None:
     """Drop views and rebuild them from the event log, with a progress bar. Rebuilding the
-    run index pauses writers for its duration."""
+    run index pauses writers for its duration; a projection's tables are dropped, created
+    again and refolded in batches."""
 
     def describe(name: str) -> str:
         return f"{name} ({'runs' if name == 'run-index' else 'events'})"
@@ -214,16 +266,33 @@ def rebuild(
             done = rt.rebuild(view, progress=progress)
         except ValueError as error:
             fail(str(error), 2)
+        except ProjectionFailed as error:
+            fail(str(error), 1)
     for name, count in done.items():
         out.print(f"rebuilt {name}: {count} {'runs' if name == 'run-index' else 'events'}")
 
 
 @cli.command()
-def verify(ctx: typer.Context) -> None:
-    """Rebuild every view from the log into a scratch copy and report any difference from
-    the live views (exit 1 on drift)."""
+def verify(
+    ctx: typer.Context,
+    view: Annotated[
+        str | None,
+        typer.Argument(
+            help="run-index, reporting, or the name of one of the app's projections "
+            "(default: every view)."
+        ),
+    ] = None,
+) -> None:
+    """Rebuild views from the log into a scratch copy and report any difference from the
+    live ones (exit 1 on drift). A projection is refolded into a private copy of its tables
+    (in memory on SQLite, a scratch schema on PostgreSQL) up to its live position."""
     with runtime(ctx) as rt:
-        problems = rt.verify()
+        try:
+            problems = rt.verify(view)
+        except ValueError as error:
+            fail(str(error), 2)
+        except ProjectionFailed as error:
+            fail(f"cannot rebuild into a scratch copy: {error}", 1)
         for problem in problems:
             out.print(inert(problem))
         out.print(f"{len(problems)} difference(s) between the live views and the log")
@@ -300,3 +369,65 @@ def metrics(
         stop.wait()
         server.shutdown()
         thread.join(timeout=5)
+
+
+@cli.command()
+def console(
+    ctx: typer.Context,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to listen on. Anything but loopback needs STEPTRAIL_CONSOLE_TOKEN, "
+            "and every request must then carry it.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8765,
+    read_only: Annotated[
+        bool, typer.Option("--read-only", help="Hide and refuse every action.")
+    ] = False,
+    operator: Annotated[
+        str | None,
+        typer.Option(
+            "--operator",
+            help="Name actions are recorded under until a person sets theirs on the page "
+            "(default: console:<your login>).",
+        ),
+    ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", min=1.0, metavar="SECONDS", help="Live refresh period.")
+    ] = 5.0,
+) -> None:
+    """Serve the operator console: runs, a run's trail, the inbox, dead letters and an
+    overview, read from the reporting views and the log; actions (cancel, retry, approve,
+    deny, input) go through the same use cases as these commands, recorded with the
+    operator's name. Needs `pip install 'steptrail[console]'`."""
+    import getpass
+    import os
+
+    try:
+        from steptrail.console import TOKEN_ENV, ConsoleConfig, ConsoleRefused, check_bind, serve
+    except ImportError as error:
+        fail(f"the console needs its extra: pip install 'steptrail[console]' ({error})", 2)
+    token = os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind(host, token)
+    except ConsoleRefused as error:
+        fail(str(error), 2)
+    config = ConsoleConfig(
+        host=host,
+        port=port,
+        read_only=read_only,
+        token=token,
+        operator=operator or f"console:{getpass.getuser()}",
+        poll_seconds=poll,
+    )
+    with runtime(ctx) as rt:
+        where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+        err.print(
+            f"steptrail console on {where}"
+            + (" (send the token: open it with ?token=…)" if token else "")
+            + (" read-only" if read_only else ""),
+            highlight=False,
+        )
+        serve(rt, config)

@@ -7,9 +7,10 @@ journal numbers them) and fires once, the first time that position runs for real
   record is stored, as a SIGKILL would: nothing more is appended, nothing is settled. The
   run stays `running` under a lease nobody renews; the kit lets it expire (skipping time
   where the store allows) and the reaper takes the run back.
-* `lose_lease_at(n)`: just before step n, somebody else takes the run (a reaper reclaim, as
-  when a paused worker became a zombie); the segment finds out at its next append and stops
-  with `lease_lost`, and the run goes on from the queue.
+* `lose_lease_at(n)`: as step n starts (after its boundary), somebody else takes the run (a
+  reaper reclaim, as when a paused worker became a zombie); the step runs as a zombie's
+  would, the segment finds out at its next append and stops with `lease_lost`, and the run
+  goes on from the queue.
 * `fail_at(n, failure_class)`: step n raises a `ClassifiedError` of that class instead of
   running (its record says so), so the retry ladder treats it as the real failure would be.
 """
@@ -25,10 +26,9 @@ from typing import Any, TypeVar
 from steptrail.domain.classifier import ClassifiedError
 from steptrail.domain.enums import FailureClass
 from steptrail.domain.errors import IllegalTransition, VersionConflict
-from steptrail.domain.journal import StepCall
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
-from steptrail.workers.context import Recorded, RunContext
+from steptrail.workers.context import LiveStep, Recorded, RunContext
 
 T = TypeVar("T")
 FAULT_ACTOR = "steptrail.testing"
@@ -137,40 +137,33 @@ class FaultPlan:
 
 
 class FaultyContext(RunContext):
-    """A `RunContext` that consults the kit's fault plan before each live step."""
+    """A `RunContext` that consults the kit's fault plan before each live step's callable
+    (after its boundary, and after a write's marker)."""
 
     plan: FaultPlan
 
-    def _live(
-        self,
-        call: StepCall,
-        fn: Callable[[], T | Recorded[T]],
-        *,
-        payload: Any,
-        timeout: float | None,
-        marked: bool = False,
-    ) -> T:
+    def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
         position = self._journal.position
         fault = self.plan.take(position)
         if fault is None:
-            return super()._live(call, fn, payload=payload, timeout=timeout, marked=marked)
+            return super()._run_live(step, fn)
         if fault.kind == "lose_lease":
             self.plan.steal(self._segment.run)
-            return super()._live(call, fn, payload=payload, timeout=timeout, marked=marked)
+            return super()._run_live(step, fn)
         if fault.kind == "fail":
             failure_class = fault.failure_class or FailureClass.UNKNOWN
 
             def failing() -> T:
                 raise InjectedFailure(failure_class, f"injected at step {position}")
 
-            return super()._live(call, failing, payload=payload, timeout=timeout, marked=marked)
+            return super()._run_live(step, failing)
         fuse = self.plan.fuse
 
         def crashing() -> T | Recorded[T]:
             fn()
             raise fuse.blow(SimulatedCrash(position))
 
-        return super()._live(call, crashing, payload=payload, timeout=timeout, marked=marked)
+        return super()._run_live(step, crashing)
 
 
 def context_for(plan: FaultPlan) -> type[RunContext]:

@@ -6,11 +6,12 @@ from outside whether a zombie worker ever acted.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
-from steptrail import App, RunContext
+from steptrail import App, AsyncRunContext, RunContext
 
 app = App()
 app.tool("send_email", effect="non_idempotent_write")
@@ -31,6 +32,80 @@ def witnessed(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
     ctx.tool("send_email", send)
     ctx.llm("wrap-up", lambda: "done")
     return {}
+
+
+@app.agent("witnessed_async")
+async def witnessed_async(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """`witnessed` as an async agent: `steps` awaited steps, each appending a line
+    `<run id> <step>` to `counter` (a file) when it really runs, then a real write to
+    `witness`, then one more step."""
+    sleep = float(request.get("sleep", 0.3))
+    counter = Path(request["counter"])
+
+    async def think(k: int) -> str:
+        await asyncio.sleep(sleep)
+        with counter.open("a") as f:
+            f.write(f"{ctx.run_id} think-{k}\n")
+        return "ok"
+
+    for k in range(int(request.get("steps", 3))):
+        await ctx.llm(f"think-{k + 1}", lambda k=k: think(k + 1))
+
+    async def send() -> str:
+        with Path(request["witness"]).open("a") as f:
+            f.write(f"{ctx.run_id} {ctx.fencing_token}\n")
+        return "sent"
+
+    await ctx.tool("send_email", send)
+    await ctx.llm("wrap-up", lambda: "done")
+    return {}
+
+
+app.tool("lookup", effect="read_only")
+app.tool("pai_send", effect="non_idempotent_write")
+
+
+@app.agent("pai_mailer")
+async def pai_mailer(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic-ai agent (two tools: `lookup` read, `pai_send` write) made durable by
+    steptrail. Its FunctionModel appends a line per real model call to `model_log`, the
+    write a line to `witness`; while the file `hang` exists the model hangs before its final
+    answer (so a test can SIGKILL the worker mid-run, after the write). pydantic-ai is
+    imported here, not at module import, so workers start fast without needing it."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from steptrail.integrations.pydantic_ai import StepTrailDurability, run_agent
+
+    async def model(messages: list[Any], info: Any) -> ModelResponse:
+        returned = [p for p in messages[-1].parts if isinstance(p, ToolReturnPart)]
+        stage = returned[0].tool_name if returned else "start"
+        with Path(request["model_log"]).open("a") as f:
+            f.write(f"{ctx.run_id} {stage}\n")
+        if stage == "start":
+            return ModelResponse(parts=[ToolCallPart("lookup", {"city": "Oslo"}, "c1")])
+        if stage == "lookup":
+            args = {"to": "a@example.com", "body": str(returned[0].content)}
+            return ModelResponse(parts=[ToolCallPart("pai_send", args, "c2")])
+        while Path(request["hang"]).exists():
+            await asyncio.sleep(0.05)
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(model), name="pai_mailer", capabilities=[StepTrailDurability()])
+
+    @agent.tool_plain
+    def lookup(city: str) -> str:
+        return f"sunny in {city}"
+
+    @agent.tool_plain
+    def pai_send(to: str, body: str) -> str:
+        with Path(request["witness"]).open("a") as f:
+            f.write(f"{ctx.run_id} {to}\n")
+        return "sent"
+
+    result = await run_agent(ctx, agent, "weather, then mail it")
+    return {"output": result.output}
 
 
 def nested(levels: int) -> Any:

@@ -44,6 +44,9 @@ def test_help__every_command_explains_itself(sqlite_url: str) -> None:
         "project",
         "purge",
         "metrics",
+        "events",
+        "retry",
+        "console",
     )
     for command in commands:
         assert command in top.stdout
@@ -159,6 +162,8 @@ def test_demo__finishes_on_embedded_sqlite(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for word in ("completed", "not_retry", "cancelled", "Reclaimed", "Event trail"):
         assert word in result.stdout
+    assert f"steptrail --database-url {url} console" in result.stdout
+    assert "http://127.0.0.1:8765/" in result.stdout
 
 
 def test_approve_deny_input__from_the_command_line(db_url: str) -> None:
@@ -296,3 +301,61 @@ def test_metrics__prometheus_text_from_the_views(db_url: str) -> None:
     assert "steptrail_stale_leases 0.0" in text
     age = next(line for line in text.splitlines() if line.startswith("steptrail_oldest_queued"))
     assert float(age.split()[1]) >= 0.0
+
+
+def test_demo__async_and_pydantic_ai_agents_and_runs_without_the_extra(tmp_path: Path) -> None:
+    """The demo runs its async agent and (with the extra) the pydantic-ai agent, whose report
+    call it approves; with pydantic-ai unimportable it still finishes and says how to add it."""
+    import subprocess
+    import sys
+
+    from tests.acceptance.helpers import REPO, env_for
+
+    with_extra = steptrail("demo", url=f"sqlite:///{tmp_path / 'a.db'}", timeout=120)
+    assert with_extra.returncode == 0, with_extra.stderr
+    assert "approved the pending send_report call" in with_extra.stdout
+    blocked = (
+        "import sys; sys.modules['pydantic_ai'] = None; "
+        "from steptrail.cli import main; sys.argv = ['steptrail', 'demo']; main()"
+    )
+    without = subprocess.run(
+        [sys.executable, "-c", blocked],
+        cwd=REPO,
+        env=env_for(f"sqlite:///{tmp_path / 'b.db'}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert without.returncode == 0, without.stderr
+    assert "pip install 'steptrail[pydantic-ai]'" in without.stdout
+    assert "completed" in without.stdout
+
+
+def test_retry__dead_letter_back_on_the_queue_and_refusals(db_url: str) -> None:
+    """`retry` requeues a dead letter (recorded with --by); a second retry and a bare call
+    are refused with clear errors; bulk retry by agent reports what it did."""
+    made = steptrail(
+        "enqueue",
+        "scripted",
+        "-r",
+        '{"steps": 2, "fail": {"class": "auth", "at": 1}}',
+        url=db_url,
+    )
+    run_id = made.stdout.strip()
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    done = steptrail("retry", run_id, "--by", "alice", "--reset-budget", url=db_url)
+    assert done.returncode == 0, done.stderr
+    assert "queued" in done.stdout
+    shown = json.loads(steptrail("show", run_id, "--json", url=db_url).stdout)
+    last = shown["events"][-1]
+    assert (last["event"], last["actor"], last["reset_budget"]) == ("Retried", "alice", True)
+    again = steptrail("retry", run_id, "--by", "alice", url=db_url)
+    assert again.returncode == 1
+    assert "only a failed run" in again.stderr
+    bare = steptrail("retry", url=db_url)
+    assert bare.returncode == 2
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    bulk = steptrail("retry", "--agent", "scripted", "--since", "1h", "--by", "bob", url=db_url)
+    assert bulk.returncode == 0, bulk.stderr
+    assert "retried 1 run(s), refused 0" in bulk.stdout

@@ -438,7 +438,9 @@ def test_lock_waits__no_live_run_reclaimed(
         target=rt.reaper().reap_every, args=(0.1,), kwargs={"stop": stop_reaper}
     )
     try:
-        ids = [rt.enqueue("scripted", {"steps": 16, "sleep": 0.3}) for _ in range(6)]
+        # Long enough that the first rebuild (a CLI subprocess) ends with runs in flight even
+        # on a loaded machine.
+        ids = [rt.enqueue("scripted", {"steps": 40, "sleep": 0.3}) for _ in range(6)]
         procs = [
             spawn_worker(db_url, "--concurrency", "3", log=tmp_path / f"w{i}.log", **env)
             for i in range(2)
@@ -464,7 +466,7 @@ def test_lock_waits__no_live_run_reclaimed(
         rebuilder.join(120)
         assert [code for code, _ in rebuilds] == [0, 0, 0]
         assert rebuilds[0][1], "a rebuild must end while runs are in flight"
-        assert wait_until(lambda: all_terminal(rt, ids), 90)
+        assert wait_until(lambda: all_terminal(rt, ids), 180)
         trails = check_trails(rt, ids)
         for run_id, events in trails.items():
             kinds = [type(e).__name__ for e in events]

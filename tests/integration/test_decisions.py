@@ -280,10 +280,11 @@ SETTLE = st.sampled_from(["complete", "fail", "cancel", "dead_letter"])
     write=st.booleans(),
     settle=SETTLE,
 )
-def test_settle__always_clears_resumable_state_and_saved_request(
+def test_settle__clears_resumable_state_and_keeps_only_a_failed_runs_request(
     store: Any, suspend: bool, decide: str | None, write: bool, settle: str
 ) -> None:
-    """Whatever path a run took, settling it leaves no saved request or resumable state."""
+    """Whatever path a run took, settling it leaves no resumable state, and no saved request
+    unless it failed: a failed run keeps its request for a retry until purge (ADR 0025)."""
     run = Run.enqueue(run_id=uuid.uuid4(), agent="a", request_digest="d", actor="t")
     store.create(run, request=b'{"prompt": "hello"}')
     run = store.claim(holder="w", lease_ms=60_000, agents=["a"]).run
@@ -314,6 +315,7 @@ def test_settle__always_clears_resumable_state_and_saved_request(
     state = store.load(run.id).state
     assert state.status.is_terminal
     assert (state.has_saved_request, state.has_resumable_state) == (False, False)
-    assert store.saved(run.id, "request") is None
+    kept = store.saved(run.id, "request")
+    assert kept == (b'{"prompt": "hello"}' if state.status is RunStatus.FAILED else None)
     assert store.saved(run.id, "resumable") is None
     assert bool(state.pending_effects) is write

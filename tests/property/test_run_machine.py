@@ -4,8 +4,9 @@ Hypothesis drives runs with random commands, legal and illegal alike. The model 
 which commands are legal and what they must do; it is written from the reference behaviour
 (BRIEF §1), not from `domain/run.py`, so the two check each other. An illegal command must
 raise and change nothing. After every step the invariants are checked: contiguous versions,
-nothing after a terminal status, one lease holder and only while running, replay equals the
-live state, and a requeue count no larger than what the commands did.
+nothing after a terminal status (but an operator's retry of a failed run), one lease holder
+and only while running, replay equals the live state, and a requeue count no larger than
+what the commands did.
 
 Each command has a directed rule, enabled only in the statuses where it can be legal (its
 arguments may still make it illegal), and `anything` tries any command at any time. Without
@@ -87,6 +88,7 @@ ARGS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {"holder": st.sampled_from(RESUMERS), "lease_ms": st.sampled_from([-1, 0, 1, 900_000])}
     ),
     "release": st.fixed_dictionaries({}),
+    "retry": st.fixed_dictionaries({"reset_budget": st.booleans(), "force": st.booleans()}),
 }
 
 
@@ -370,6 +372,26 @@ class RunMachine(RuleBasedStateMachine):
             update,
         )
 
+    def do_retry(self, reset_budget: bool, force: bool) -> None:
+        """An operator's retry: the one command legal after a terminal status (ADR 0025)."""
+        m = self.model
+        write = any(e is Effect.NON_IDEMPOTENT_WRITE for _, e, _ in m.pending)
+
+        def update(_: Any) -> None:
+            m.release(RunStatus.QUEUED)
+            m.saved_request, m.resumable, m.waiting, m.decided = True, False, None, False
+            m.pending = []
+            if reset_budget:
+                m.requeue_count = 0
+            self.settled_at = None
+
+        self.attempt(
+            m.status is RunStatus.FAILED and (force or not write),
+            lambda r: r.retry(actor="operator", reset_budget=reset_budget, force=force),
+            Run.Retried,
+            update,
+        )
+
     # -- rules ---------------------------------------------------------------------------------
 
     @initialize(interactive=st.booleans(), holder=st.sampled_from(WORKERS))
@@ -448,6 +470,11 @@ class RunMachine(RuleBasedStateMachine):
     @rule()
     def release(self) -> None:
         self.do_release()
+
+    @precondition(lambda self: self.model.status is RunStatus.FAILED)
+    @rule(args=ARGS["retry"])
+    def retry(self, args: dict[str, Any]) -> None:
+        self.do_retry(**args)
 
     @rule()
     def commit(self) -> None:

@@ -76,3 +76,18 @@ def test_domain__reads_no_clock() -> None:
         text = path.read_text()
         for call in ("datetime.now", "time.time(", "time.monotonic(", "date.today"):
             assert call not in text, f"{path.name} reads the clock via {call}"
+
+
+def test_core__imports_no_agent_framework() -> None:
+    """Only `steptrail/integrations/` imports an agent framework: the core install stays
+    small and `import steptrail` works without any extra."""
+    frameworks = ("pydantic_ai",)
+    offences = []
+    for folder in ("domain", "projections", "infrastructure", "workers", "steptrail"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if "integrations" in path.relative_to(REPO).parts:
+                continue
+            for name in imports(path):
+                if name.split(".")[0] in frameworks:
+                    offences.append(f"{path.relative_to(REPO)} imports {name}")
+    assert offences == []

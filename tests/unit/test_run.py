@@ -169,6 +169,7 @@ COMMANDS: dict[str, Callable[[Run], Any]] = {
     "decide": _approve,
     "resume": lambda r: r.resume(holder=RESUMER, lease_ms=LEASE),
     "release": lambda r: r.release(actor=API),
+    "retry": lambda r: r.retry(actor=OPERATOR),
 }
 
 # Which builder states each command is legal in, and the one event it then records.
@@ -192,6 +193,8 @@ LEGAL: dict[str, tuple[type[RunEvent], frozenset[str]]] = {
     "resume": (Run.Resumed, frozenset({"decided", "decided_interactive"})),
     # An interactive run has no saved request to go back on the queue with.
     "release": (Run.Released, frozenset({"decided"})),
+    # Only a failed run (dead-lettered or not) goes back on the queue by an operator's hand.
+    "retry": (Run.Retried, frozenset({"failed", "dead_lettered"})),
 }
 
 CASES = [(state, command) for state in BUILDERS for command in COMMANDS]
@@ -261,9 +264,12 @@ def test_command__replay_of_pending_events_equals_state(state: str, command: str
 
 @pytest.mark.parametrize("state", TERMINAL)
 def test_terminal__nothing_is_appended(state: str) -> None:
-    """A settled run refuses every command, so nothing is ever appended after it settled."""
+    """A settled run refuses every command, so nothing is ever appended after it settled;
+    the one exception is an operator's retry of a failed run (a new, explicit event)."""
     run = BUILDERS[state]()
-    for command in COMMANDS.values():
+    for name, command in COMMANDS.items():
+        if name == "retry" and state in LEGAL["retry"][1]:
+            continue
         assert_refused(run, command)
 
 
@@ -346,7 +352,7 @@ def test_replay__committed_and_nothing_pending() -> None:
 def test_event_types__every_nested_event_registered_by_topic() -> None:
     """Every event nested on `Run` is registered under its own, unique, stable topic."""
     nested = [v for v in vars(Run).values() if isinstance(v, type) and issubclass(v, RunEvent)]
-    assert len(nested) == 17
+    assert len(nested) == 18
     for cls in nested:
         assert cls.TOPIC.startswith("steptrail.Run.")
         assert EVENT_TYPES[cls.TOPIC] is cls

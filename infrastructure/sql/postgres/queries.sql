@@ -75,6 +75,14 @@ SELECT steptrail_append(
     %(j_names)s::text[], %(j_fingerprints)s::text[], %(j_outcomes)s::bytea[]
 );
 
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
+-- its append passes drop_saved = false and runs this in the same transaction instead, which
+-- drops what steptrail_append's drop_saved would have dropped but the request (the journal
+-- goes too, as with any settle; ADR 0013).
+WITH journal AS (DELETE FROM steptrail_journal WHERE run_id = %(run_id)s)
+DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
+
 
 
 -- name: claim
@@ -175,6 +183,17 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
 ORDER BY created_at DESC, run_id
+LIMIT %(limit)s;
+
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs
+WHERE status = 'failed'
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+  AND updated_at >= %(since)s
+ORDER BY updated_at, run_id
 LIMIT %(limit)s;
 
 -- name: select_all_runs
@@ -342,7 +361,8 @@ FOR UPDATE;
 -- name: purge_runs
 -- Everything that holds anything of these runs, in one transaction: the views (counts first,
 -- from the summaries the views themselves hold), the saved state, the log, the index; then
--- the tombstones. The caller holds the runs' rows and the reporting runner's tracking row.
+-- the tombstones, and where each purged event stood in the log (for the feed, ADR 0029). The
+-- caller holds the runs' rows and the reporting runner's tracking row.
 UPDATE steptrail_view_status_counts AS c SET count = c.count - d.n
 FROM (
     SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries
@@ -353,6 +373,10 @@ DELETE FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_view_dead_letters WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_saved WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_journal WHERE run_id = ANY(%(ids)s::uuid[]);
+INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
+SELECT tx_id, notification_id, originator_id, originator_version, now() FROM steptrail_events
+WHERE originator_id = ANY(%(ids)s::uuid[])
+ON CONFLICT DO NOTHING;
 DELETE FROM steptrail_events WHERE originator_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)
@@ -369,3 +393,140 @@ SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
 -- the WAL and its archives; see README "Retention" for what an operator must do.
 VACUUM steptrail_events, steptrail_runs, steptrail_saved,
     steptrail_view_run_summaries, steptrail_view_dead_letters;
+
+-- name: select_feed
+-- The event feed (ADR 0029): the log in the views' order and under their visibility rule
+-- (select_notifications), merged with the positions of purged events, so a consumer passing
+-- a purged position is told so. One statement, so one snapshot: a purge committing meanwhile
+-- shows each position either as its event or as its marker, never neither. Each arm takes
+-- its first `limit` rows by index, so only 2 x limit rows are ever sorted.
+(SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+        recorded_at, topic, state, NULL::timestamptz AS purged_at
+ FROM steptrail_events
+ WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY tx_id, notification_id
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+ FROM steptrail_purged_events
+ WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
+   AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+ ORDER BY position_tx, position
+ LIMIT %(limit)s)
+ORDER BY tx_id, notification_id
+LIMIT %(limit)s;
+
+-- name: count_after
+-- How far a reader at this position is behind the log (the lag metric).
+SELECT count(*) AS n FROM steptrail_events
+WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint);
+
+-- name: select_all_tracking
+SELECT projection, position_tx, position FROM steptrail_tracking ORDER BY projection;
+
+-- name: select_failures
+SELECT * FROM steptrail_projection_failures ORDER BY projection;
+
+-- name: record_failure
+-- A projection's batch raised (and rolled back); its position is where it stands still.
+INSERT INTO steptrail_projection_failures AS f (
+    projection, position_tx, position, run_id, topic, error, failed_at, attempts
+) VALUES (
+    %(projection)s, %(position_tx)s, %(position)s, %(run_id)s, %(topic)s, %(error)s, now(), 1
+)
+ON CONFLICT (projection) DO UPDATE SET
+    position_tx = EXCLUDED.position_tx, position = EXCLUDED.position,
+    run_id = EXCLUDED.run_id, topic = EXCLUDED.topic, error = EXCLUDED.error,
+    failed_at = EXCLUDED.failed_at, attempts = f.attempts + 1;
+
+-- name: clear_failure
+DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: rewind_tracking
+-- A user projection's rebuild: back to the start, failure forgotten (its tables are dropped
+-- and created again in the same transaction).
+INSERT INTO steptrail_tracking (projection, position) VALUES (%(projection)s, 0)
+ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
+DELETE FROM steptrail_projection_failures WHERE projection = %(projection)s;
+
+-- name: run_head_position
+-- Where a run's latest event stands in the log (for waiting until a projection has it).
+SELECT tx_id, notification_id FROM steptrail_events
+WHERE originator_id = %(run_id)s
+ORDER BY originator_version DESC
+LIMIT 1;
+-- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
+-- run_id) < the last row of the previous page (the first page passes a key above every
+-- row), so a page costs the same at the millionth run as at the first. One query per
+-- filter that drives the index walk; the other filters are checked on the rows walked.
+
+-- name: runs_page_all
+SELECT * FROM steptrail_view_run_summaries
+WHERE (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_status
+SELECT * FROM steptrail_view_run_summaries
+WHERE status = %(status)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_agent
+SELECT * FROM steptrail_view_run_summaries
+WHERE agent = %(agent)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_agent_status
+SELECT * FROM steptrail_view_run_summaries
+WHERE agent = %(agent)s AND status = %(status)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: runs_page_reason
+SELECT * FROM steptrail_view_run_summaries
+WHERE reason = %(reason)s AND (created_at, run_id) < (%(after_at)s, %(after_id)s)
+  AND created_at >= %(since)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: dead_letters_open
+-- The console's dead letters: those still failed (a retried run leaves this list; its row
+-- in the view stays, as the record that it was dead-lettered once).
+SELECT d.* FROM steptrail_view_dead_letters AS d
+JOIN steptrail_view_run_summaries AS s ON s.run_id = d.run_id AND s.status = 'failed'
+WHERE (%(agent)s::text IS NULL OR d.agent = %(agent)s)
+ORDER BY d.dead_lettered_at DESC, d.run_id
+LIMIT %(limit)s;
+
+-- name: throughput_by_minute
+-- Runs that ended per minute and status since %(since)s, for the overview chart.
+SELECT floor(extract(epoch FROM ended_at) / 60)::bigint AS minute, status, count(*) AS n
+FROM steptrail_view_run_summaries
+WHERE ended_at IS NOT NULL AND ended_at >= %(since)s
+GROUP BY minute, status
+ORDER BY minute;
+
+-- name: recent_step_durations
+-- The newest step records of the log, for the step-duration percentiles: a bounded walk
+-- back along the notification id, whatever the log's size.
+SELECT recorded_at, state FROM steptrail_events
+WHERE topic = 'steptrail.Run.StepRecorded'
+ORDER BY notification_id DESC
+LIMIT %(limit)s;

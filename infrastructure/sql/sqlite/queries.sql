@@ -69,6 +69,11 @@ ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 -- name: drop_saved
 DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
+-- name: drop_saved_but_request
+-- A run that settles failed keeps its request until it is purged or retried (ADR 0025);
+-- everything else it saved goes, as with any settle.
+DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
+
 -- name: insert_journal
 -- SQLite only: part of an append, like insert_events (PostgreSQL: steptrail_append).
 -- Positional parameters (in this column order): it runs with every step.
@@ -149,6 +154,17 @@ WHERE (:status IS NULL OR status = :status)
   AND (:agent IS NULL OR agent = :agent)
   AND (:reason IS NULL OR reason = :reason)
 ORDER BY created_at DESC, run_id
+LIMIT :limit;
+
+-- name: select_failed_runs
+-- `steptrail retry --agent/--reason/--since`: failed runs that ended since a time, oldest
+-- first, so that a bulk retry goes back on the queue in the order the runs failed.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_idx
+WHERE status = 'failed'
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+  AND updated_at >= :since
+ORDER BY updated_at, run_id
 LIMIT :limit;
 
 -- name: select_all_runs
@@ -306,6 +322,10 @@ DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
+INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
+SELECT 0, notification_id, originator_id, originator_version, :now FROM steptrail_events
+WHERE originator_id IN (SELECT value FROM json_each(:ids))
+ON CONFLICT DO NOTHING;
 DELETE FROM steptrail_events WHERE originator_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_runs WHERE run_id IN (SELECT value FROM json_each(:ids));
 INSERT INTO steptrail_tombstones (run_id, category, purged_at)
@@ -319,3 +339,128 @@ SELECT * FROM steptrail_tombstones WHERE run_id = :run_id;
 -- Fold the WAL back into the database so deleted content leaves the WAL file too (the
 -- deleted pages themselves are overwritten by secure_delete).
 PRAGMA wal_checkpoint(TRUNCATE);
+
+-- name: select_feed
+-- The event feed (ADR 0029): the log by id (writers are serialised, so ids commit in order),
+-- merged with the positions of purged events. A bare compound SELECT, so that SQLite merges
+-- the two arms in index order and stops at the LIMIT instead of sorting the whole tail.
+SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state, NULL AS purged_at
+FROM steptrail_events
+WHERE notification_id > :after
+UNION ALL
+SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
+FROM steptrail_purged_events
+WHERE position_tx = 0 AND position > :after
+ORDER BY notification_id
+LIMIT :limit;
+
+-- name: count_after
+SELECT count(*) AS n FROM steptrail_events WHERE notification_id > :after;
+
+-- name: select_all_tracking
+SELECT projection, position_tx, position FROM steptrail_tracking ORDER BY projection;
+
+-- name: select_failures
+SELECT * FROM steptrail_projection_failures ORDER BY projection;
+
+-- name: record_failure
+INSERT INTO steptrail_projection_failures (
+    projection, position_tx, position, run_id, topic, error, failed_at, attempts
+) VALUES (
+    :projection, :position_tx, :position, :run_id, :topic, :error, :now, 1
+)
+ON CONFLICT (projection) DO UPDATE SET
+    position_tx = excluded.position_tx, position = excluded.position,
+    run_id = excluded.run_id, topic = excluded.topic, error = excluded.error,
+    failed_at = excluded.failed_at,
+    attempts = steptrail_projection_failures.attempts + 1;
+
+-- name: clear_failure
+DELETE FROM steptrail_projection_failures WHERE projection = :projection;
+
+-- name: rewind_tracking
+INSERT INTO steptrail_tracking (projection, position) VALUES (:projection, 0)
+ON CONFLICT (projection) DO UPDATE SET position = 0, position_tx = 0;
+DELETE FROM steptrail_projection_failures WHERE projection = :projection;
+
+-- name: run_head_position
+SELECT 0 AS tx_id, notification_id FROM steptrail_events
+WHERE originator_id = :run_id
+ORDER BY originator_version DESC
+LIMIT 1;
+-- The console's runs page (ADR 0026): newest first, keyset-paginated on (created_at,
+-- run_id) < the last row of the previous page (the first page passes a key above every
+-- row), so a page costs the same at the millionth run as at the first. One query per
+-- filter that drives the index walk; the other filters are checked on the rows walked.
+-- SQLite: INDEXED BY, because it keeps no statistics and might sort instead.
+
+-- name: runs_page_all
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_created_idx
+WHERE (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:status IS NULL OR status = :status)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_status
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_status_created_idx
+WHERE status = :status AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_agent
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_agent_created_idx
+WHERE agent = :agent AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:status IS NULL OR status = :status)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_agent_status
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_agent_status_created_idx
+WHERE agent = :agent AND status = :status AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: runs_page_reason
+SELECT * FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_reason_created_idx
+WHERE reason = :reason AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at >= :since
+  AND (:status IS NULL OR status = :status)
+  AND (:agent IS NULL OR agent = :agent)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: dead_letters_open
+-- The console's dead letters: those still failed (a retried run leaves this list; its row
+-- in the view stays, as the record that it was dead-lettered once).
+SELECT d.* FROM steptrail_view_dead_letters AS d
+JOIN steptrail_view_run_summaries AS s ON s.run_id = d.run_id AND s.status = 'failed'
+WHERE (:agent IS NULL OR d.agent = :agent)
+ORDER BY d.dead_lettered_at DESC, d.run_id
+LIMIT :limit;
+
+-- name: throughput_by_minute
+-- Runs that ended per minute and status since :since (microseconds), for the overview chart.
+SELECT ended_at / 60000000 AS minute, status, count(*) AS n
+FROM steptrail_view_run_summaries INDEXED BY steptrail_view_run_summaries_ended_idx
+WHERE ended_at IS NOT NULL AND ended_at >= :since
+GROUP BY minute, status
+ORDER BY minute;
+
+-- name: recent_step_durations
+-- The newest step records of the log, for the step-duration percentiles: a bounded walk
+-- back along the notification id, whatever the log's size.
+SELECT recorded_at, state FROM steptrail_events
+WHERE topic = 'steptrail.Run.StepRecorded'
+ORDER BY notification_id DESC
+LIMIT :limit;

@@ -1,0 +1,163 @@
+"""In-flight runs held by one worker process: async agents on one event loop against sync
+agents on a thread each, measured in one invocation on SQLite and PostgreSQL.
+
+    python bench/async_inflight.py                     # 1,000 runs x 5 steps x 1 s, both backends
+    python bench/async_inflight.py --runs 200 --json out.json
+
+For each backend and each kind of agent, N runs are enqueued (not timed), then ONE worker
+process runs `Runtime.worker(concurrency=N, burst=True).run()`; every run has S steps that
+each wait W seconds (`await asyncio.sleep(W)` in the async agent, `time.sleep(W)` in the sync
+one). The ideal wall time is S x W: every run in flight at once. Reported per case: the wall
+time from the worker's start to its end, wall / ideal, peak RSS and peak OS thread count of
+the worker process (sampled every 50 ms from /proc/self/status), and whether every run
+completed. The target (issue 12) is async wall <= 2 x ideal on each backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("STEPTRAIL_LOG_LEVEL", "warning")
+
+import psycopg
+
+import steptrail
+from steptrail import App, AsyncRunContext, RunContext
+from steptrail.infrastructure.logging import configure_logging
+
+PG = os.environ.get("STEPTRAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+DATABASE = "steptrail_bench_async"
+
+app = App()
+
+
+@app.agent("inflight_async")
+async def inflight_async(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, int]:
+    wait = float(request["wait"])
+    for k in range(int(request["steps"])):
+        await ctx.llm(f"wait-{k + 1}", lambda k=k: asyncio.sleep(wait, result=k))
+    return {"steps": int(request["steps"])}
+
+
+@app.agent("inflight_sync")
+def inflight_sync(ctx: RunContext, request: dict[str, Any]) -> dict[str, int]:
+    wait = float(request["wait"])
+    for k in range(int(request["steps"])):
+        ctx.llm(f"wait-{k + 1}", lambda k=k: time.sleep(wait) or k)
+    return {"steps": int(request["steps"])}
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _worker(url: str, agent: str, runs: int, out: Any) -> None:
+    """Child process: drain the queue with one worker of concurrency `runs`; report."""
+    configure_logging("console", "warning")
+    peak = {"rss_kb": 0, "threads": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            peak["rss_kb"] = max(peak["rss_kb"], _status("VmRSS"))
+            peak["threads"] = max(peak["threads"], _status("Threads"))
+
+    with steptrail.open(app, url=url, lease_seconds=120) as rt:
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        started = time.perf_counter()
+        report = rt.worker(concurrency=runs, burst=True).run()
+        wall = time.perf_counter() - started
+        stop.set()
+        sampler.join()
+        completed = len(rt.runs(status="completed", agent=agent, limit=runs + 1))
+    out.put(
+        {
+            "wall_s": round(wall, 2),
+            "peak_rss_mb": round(peak["rss_kb"] / 1024, 1),
+            "peak_threads": peak["threads"],
+            "completed": completed,
+            "outcomes": dict(report.outcomes),
+        }
+    )
+
+
+def _fresh_pg() -> str:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    return f"{PG}/{DATABASE}"
+
+
+def case(backend: str, agent: str, runs: int, steps: int, wait: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        url = _fresh_pg() if backend == "postgres" else f"sqlite:///{folder}/bench.db"
+        with steptrail.open(app, url=url) as rt:
+            for _ in range(runs):
+                rt.enqueue(agent, {"steps": steps, "wait": wait})
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        child = ctx.Process(target=_worker, args=(url, agent, runs, out))
+        child.start()
+        result: dict[str, Any] = out.get(timeout=600)
+        child.join()
+    ideal = steps * wait
+    return {
+        "backend": backend,
+        "agent": "async" if agent.endswith("async") else "sync",
+        "runs": runs,
+        "ideal_s": ideal,
+        "x_ideal": round(result["wall_s"] / ideal, 2),
+        **result,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--wait", type=float, default=1.0)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--no-sync", action="store_true", help="skip the sync-agent cases")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    configure_logging("console", "warning")
+    rows = []
+    for backend in args.backends.split(","):
+        agents = ["inflight_async"] + ([] if args.no_sync else ["inflight_sync"])
+        for agent in agents:
+            row = case(backend, agent, args.runs, args.steps, args.wait)
+            rows.append(row)
+            print(
+                f"{row['backend']:<9} {row['agent']:<6} runs={row['runs']:<5} "
+                f"wall={row['wall_s']:>6.2f}s  x ideal={row['x_ideal']:<5} "
+                f"rss={row['peak_rss_mb']:>6.1f} MB  threads={row['peak_threads']:<5} "
+                f"completed={row['completed']}",
+                flush=True,
+            )
+    if args.json:
+        env = {
+            "python": sys.version.split()[0],
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "loadavg": os.getloadavg(),
+        }
+        args.json.write_text(json.dumps({"rows": rows, "env": env}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
