@@ -316,6 +316,9 @@ class SQLiteRunStore(ClaimsOne):
         )
         _cache_statements(self.datastore.pool)
         self.q = queries(self.backend)
+        # Microseconds added to the host's clock; only the testing kit's time skipping sets
+        # it (steptrail.testing, ADR 0034). Production never does: it reads the host's clock.
+        self.clock_offset_us = 0
         # The writer-lock file is opened on the first write, never by a reader: a read-only
         # database (a read-only mount, ?mode=ro) must serve every read (ADR 0021).
         self._lock_fd: int | None = None
@@ -332,6 +335,10 @@ class SQLiteRunStore(ClaimsOne):
             raise
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def now_us(self) -> int:
+        """The store's clock: the host's, plus the testing kit's skipped time (if any)."""
+        return now_us() + self.clock_offset_us
 
     @contextmanager
     def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
@@ -351,7 +358,7 @@ class SQLiteRunStore(ClaimsOne):
                 _configure(conn, cur)
                 cur.execute("BEGIN IMMEDIATE")
                 try:
-                    yield cur, now_us()
+                    yield cur, self.now_us()
                     conn.commit()
                 except BaseException:
                     with suppress(sqlite3.Error):
@@ -694,14 +701,14 @@ class SQLiteRunStore(ClaimsOne):
         return params
 
     def store_now(self) -> datetime:
-        return to_datetime(now_us()) or datetime.now(UTC)
+        return to_datetime(self.now_us()) or datetime.now(UTC)
 
     # -- retention -------------------------------------------------------------------------------
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
         row = self._one(
             "count_purgeable",
-            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": now_us()},
+            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": self.now_us()},
         )
         return int(row["n"]) if row is not None else 0
 
@@ -709,7 +716,11 @@ class SQLiteRunStore(ClaimsOne):
         with self._read() as cur:
             cur.execute(
                 self.q["select_live_purgeable"],
-                {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": now_us()},
+                {
+                    "statuses": json.dumps(list(statuses)),
+                    "cutoff": to_us(cutoff),
+                    "now": self.now_us(),
+                },
             )
             return [UUID(r["run_id"]) for r in cur.fetchall()]
 
@@ -810,9 +821,8 @@ class SQLiteRunStore(ClaimsOne):
     def db_json(value: Any) -> Any:
         return json.dumps(value, separators=(",", ":"))
 
-    @staticmethod
-    def db_now() -> Any:
-        return now_us()
+    def db_now(self) -> Any:
+        return self.now_us()
 
     # -- waking idle workers -------------------------------------------------------------------
 

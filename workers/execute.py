@@ -87,6 +87,9 @@ class Executor:
     segment starts and ends (ADR 0022).
     """
 
+    # The context an agent gets; the testing kit substitutes one that injects faults.
+    context_class: type[RunContext] = RunContext
+
     def __init__(
         self,
         store: RunStore,
@@ -212,7 +215,7 @@ class Executor:
             # The lease runs out and the reaper hands the run to another segment.
             segment.log.warning("journal_unreadable", error=type(error).__name__)
             return self._result(segment, Outcome.LEASE_LOST)
-        ctx = RunContext(
+        ctx = self.context_class(
             segment,
             request=request,
             privacy=privacy,

@@ -13,7 +13,7 @@ from steptrail.cli.app import cli, run_cli
 __all__ = ["cli", "main"]
 
 # Registration order is the order `--help` lists the commands in.
-for _module in ("runs", "people", "views", "feed"):
+for _module in ("runs", "people", "views", "feed", "checks"):
     importlib.import_module(f"steptrail.cli.{_module}")
 
 

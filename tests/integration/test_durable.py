@@ -18,8 +18,20 @@ from steptrail.domain.enums import FailureClass, Outcome, RunStatus, Termination
 from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
-from tests.conftest import make_runtime
+from steptrail.testing import Kit
+from tests.conftest import FAST, make_runtime
 from tests.integration.test_worker import Gate, run_in_thread
+
+
+@pytest.fixture
+def steptrail_database_url(db_url: str) -> str:
+    """Tests here that use the testing kit run on both backends."""
+    return db_url
+
+
+@pytest.fixture
+def steptrail_settings() -> dict[str, Any]:
+    return dict(FAST)
 
 
 def executions(witness: Path, run_id: UUID) -> Counter[int]:
@@ -41,10 +53,10 @@ def work_until_settled(rt: Runtime, run_id: UUID, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def test_retry__recorded_steps_are_replayed_not_rerun(runtime: Runtime, tmp_path: Path) -> None:
+def test_retry__recorded_steps_are_replayed_not_rerun(steptrail_kit: Kit, tmp_path: Path) -> None:
     """After a transient failure at step 3 the retry replays steps 1-2 from the journal: they
     ran once, are counted once in steps and tokens, and the trail says what was replayed."""
-    run_id = runtime.enqueue(
+    result = steptrail_kit.run_to_end(
         "scripted",
         {
             "steps": 4,
@@ -52,33 +64,30 @@ def test_retry__recorded_steps_are_replayed_not_rerun(runtime: Runtime, tmp_path
             "witness": str(tmp_path),
         },
     )
-    work_until_settled(runtime, run_id)
-    row = runtime.get(run_id)
-    assert row.status is RunStatus.COMPLETED
-    assert executions(tmp_path, run_id) == {1: 1, 2: 1, 3: 2, 4: 1}
-    trail = events(runtime, run_id)
-    steps = [e for e in trail if isinstance(e, Run.StepRecorded)]
-    assert [(s.name, s.error_type) for s in steps] == [
+    assert result.status is RunStatus.COMPLETED
+    assert executions(tmp_path, result.run_id) == {1: 1, 2: 1, 3: 2, 4: 1}
+    assert [(s.name, s.error_type) for s in result.steps] == [
         ("think-1", None),
         ("think-2", None),
         ("think-3", "HttpStatusError"),
         ("think-3", None),
         ("think-4", None),
     ]
-    assert row.state.tokens == 40  # four successful model calls, none counted twice
+    assert result.row.state.tokens == 40  # four successful model calls, none counted twice
+    trail = result.events
     replayed = [e for e in trail if isinstance(e, Run.Replayed)]
     assert [(r.count, r.last_seq) for r in replayed] == [(2, 2)]
     requeued = next(i for i, e in enumerate(trail) if isinstance(e, Run.Requeued))
     assert trail.index(replayed[0]) > requeued
-    assert runtime.store.journal(run_id) == []
+    assert result.journal == []
 
 
 def test_duplicate_email__recorded_write_is_not_sent_again(
-    runtime: Runtime, tmp_path: Path
+    steptrail_kit: Kit, tmp_path: Path
 ) -> None:
     """The issue's scenario: send_email (non-idempotent) at step 2, a 503 at step 3, a
     requeue: the run completes having sent exactly one e-mail."""
-    run_id = runtime.enqueue(
+    result = steptrail_kit.run_to_end(
         "scripted",
         {
             "steps": 3,
@@ -87,15 +96,11 @@ def test_duplicate_email__recorded_write_is_not_sent_again(
             "witness": str(tmp_path),
         },
     )
-    work_until_settled(runtime, run_id)
-    row = runtime.get(run_id)
-    assert row.status is RunStatus.COMPLETED
-    assert executions(tmp_path, run_id)[2] == 1
-    trail = events(runtime, run_id)
-    assert sum(isinstance(e, Run.EffectPending) for e in trail) == 1
-    sent = [e for e in trail if isinstance(e, Run.StepRecorded) and e.name == "send_email"]
-    assert len(sent) == 1
-    assert row.state.pending_effects == ()
+    assert result.status is RunStatus.COMPLETED
+    assert executions(tmp_path, result.run_id)[2] == 1
+    assert sum(isinstance(e, Run.EffectPending) for e in result.events) == 1
+    assert [s.name for s in result.steps].count("send_email") == 1
+    assert result.row.state.pending_effects == ()
 
 
 def write_then_block_app(gate: Gate, sent: list[str]) -> App:
@@ -234,7 +239,7 @@ def test_approval__resume_replays_and_returns_the_decision(
     assert [e.count for e in events(runtime, run_id) if isinstance(e, Run.Replayed)] == [1]
 
 
-def test_input__request_input_returns_the_validated_values(runtime: Runtime) -> None:
+def test_input__request_input_returns_the_validated_values(steptrail_kit: Kit) -> None:
     """`request_input` returns the submitted values on the resumed segment."""
     got: list[Any] = []
     app = App()
@@ -248,12 +253,10 @@ def test_input__request_input_returns_the_validated_values(runtime: Runtime) -> 
         got.append(values)
         return {}
 
-    runtime.app.include(app)
-    run_id = runtime.enqueue("asker", {})
-    runtime.work(burst=True)
-    runtime.submit_input(run_id, {"account": "acme", "junk": 1}, by="carol", resume="here")
+    steptrail_kit.runtime.app.include(app)
+    result = steptrail_kit.run_to_end("asker", decide={"account": "acme", "junk": 1})
     assert got == [{"account": "acme"}]
-    assert runtime.get(run_id).status is RunStatus.COMPLETED
+    assert result.status is RunStatus.COMPLETED
 
 
 def test_approval__resume_by_hand_with_ctx_resumed_still_works(runtime: Runtime) -> None:
