@@ -36,7 +36,10 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop marked as running on
+# the main thread while it is open, and every later test that calls `asyncio.run` (the async
+# runtime, pydantic-ai) would then fail with "cannot be called from a running event loop".
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     why = _missing()
     if why is not None:
