@@ -107,7 +107,7 @@ def run_demo(rt: Runtime, console: Console, *, plain_runs: int = 6) -> list[UUID
     print_run(console, rt.get(ghost), rt.history(ghost))
     console.print(f"try: steptrail show {retried}   (the retried run)")
     console.print(f"     steptrail show {asks}   (the approved run)")
-    console.print(console_hint(rt.settings.database_url))
+    console.print(console_hint(rt.settings.database_url), markup=False)  # [console] is not markup
     return ids
 
 

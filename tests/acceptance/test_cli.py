@@ -164,6 +164,8 @@ def test_demo__finishes_on_embedded_sqlite(tmp_path: Path) -> None:
         assert word in result.stdout
     assert f"steptrail --database-url {url} console" in result.stdout
     assert "http://127.0.0.1:8765/" in result.stdout
+    # Rich markup would eat "[console]" from the install hint.
+    assert "'steptrail[console]'" in result.stdout.replace("\n", " ")
 
 
 def test_approve_deny_input__from_the_command_line(db_url: str) -> None:
