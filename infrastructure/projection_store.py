@@ -27,7 +27,7 @@ from uuid import UUID
 
 from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.codec import decode_event
-from steptrail.infrastructure.reporting_store import Dialect, Tx
+from steptrail.infrastructure.reporting_store import Dialect, Tx, catch_up
 from steptrail.projections.custom import (
     EventContext,
     Failure,
@@ -243,15 +243,7 @@ class ProjectionStore:
     ) -> int:
         """Process batches until the projection reaches the log's head; returns events
         consumed. `progress(done, total)` counts events."""
-        total = 0
-        head = self._head() if progress is not None else 0
-        while True:
-            consumed, _ = self.process_batch(batch)
-            total += consumed
-            if progress is not None:
-                progress(total, max(head, total))
-            if consumed < batch:
-                return total
+        return catch_up(self.process_batch, self._head, batch=batch, progress=progress)
 
     def rebuild(
         self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None

@@ -161,15 +161,7 @@ class ReportingStore:
     ) -> int:
         """Process batches until the views reach the log's head; returns events consumed.
         `progress(done, total)` counts events."""
-        total = 0
-        head = self.head() if progress is not None else 0
-        while True:
-            consumed, _ = self.process_batch(batch)
-            total += consumed
-            if progress is not None:
-                progress(total, max(head, total))
-            if consumed < batch:
-                return total
+        return catch_up(self.process_batch, self.head, batch=batch, progress=progress)
 
     def rebuild(
         self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None
@@ -413,3 +405,23 @@ class ReportingStore:
             "requeue_count": d.requeue_count,
             "dead_lettered_at": self.d.db_time(d.dead_lettered_at),
         }
+
+
+def catch_up(
+    process_batch: Callable[[int], tuple[int, Any]],
+    head: Callable[[], int],
+    *,
+    batch: int,
+    progress: Callable[[int, int], None] | None,
+) -> int:
+    """Run `process_batch` until a batch comes back short (the reader reached the log's
+    head); returns events consumed. Shared by the built-in views and user projections."""
+    total = 0
+    last = head() if progress is not None else 0
+    while True:
+        consumed, _ = process_batch(batch)
+        total += consumed
+        if progress is not None:
+            progress(total, max(last, total))
+        if consumed < batch:
+            return total
