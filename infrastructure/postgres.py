@@ -171,15 +171,16 @@ class PostgresRunStore(ClaimsOne):
         assert not rest, "a run is created by exactly one event"
         params = {**self._params(run), "topic": topic, "state": state, "request": request}
         with self._connection() as conn:
-            created = conn.execute(self.q["insert_run"], params, prepare=True).fetchone()
-        if created is None:
-            existing = self._one(
-                "select_run_by_key", {"idempotency_key": run.state.idempotency_key}
-            )
-            assert existing is not None, "insert_run skipped but no run has the key"
-            return run_from_row(existing)
-        run.mark_committed()
-        return run
+            row = conn.execute(self.q["insert_run"], params, prepare=True).fetchone()
+        if row is not None and row["created"]:
+            run.mark_committed()
+            return run
+        if row is None:
+            # The key was taken by a transaction that committed after the insert began, so
+            # the row was not in its snapshot: read it now (the only second round trip).
+            row = self._one("select_run_by_key", {"idempotency_key": run.state.idempotency_key})
+            assert row is not None, "insert_run skipped but no run has the key"
+        return run_from_row(row)
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:

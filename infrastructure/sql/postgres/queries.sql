@@ -28,10 +28,13 @@ LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE;
 
 -- name: insert_run
 -- A new run's row, creation event and saved request, unless its idempotency key is taken:
--- then nothing is inserted and no row comes back (the caller reads the existing run). A
--- queued run wakes idle workers (NOTIFY is delivered at commit). The instant is read once,
--- after the statement's table locks (clock_timestamp, not the statement's start: ADR 0016),
--- and is the event's recorded_at too, so a rebuilt index equals this row.
+-- then nothing is inserted and the existing run's row comes back instead (created = false),
+-- in the same round trip (ADR 0044). Only when the key was taken by a transaction that
+-- committed after this statement began is the existing row invisible here: then no row
+-- comes back and the caller reads it with select_run_by_key. A queued run wakes idle
+-- workers (NOTIFY is delivered at commit). The instant is read once, after the statement's
+-- table locks (clock_timestamp, not the statement's start: ADR 0016), and is the event's
+-- recorded_at too, so a rebuilt index equals this row.
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
 ), new_run AS (
@@ -50,7 +53,7 @@ WITH clock AS MATERIALIZED (
         clock.at, clock.at
     FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING run_id, status, agent, created_at
+    RETURNING *
 ), new_event AS (
     INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
     SELECT run_id, 1, %(topic)s, %(state)s, created_at FROM new_run
@@ -59,9 +62,12 @@ WITH clock AS MATERIALIZED (
     SELECT run_id, 'request', %(request)s::bytea FROM new_run
     WHERE %(request)s::bytea IS NOT NULL
 )
-SELECT run_id,
-       CASE WHEN status = 'queued' THEN pg_notify('steptrail_queued', agent) END AS woken
-FROM new_run;
+SELECT n.*, true AS created,
+       CASE WHEN n.status = 'queued' THEN pg_notify('steptrail_queued', n.agent) END AS woken
+FROM new_run AS n
+UNION ALL
+SELECT r.*, false, NULL FROM steptrail_runs AS r
+WHERE r.idempotency_key = %(idempotency_key)s::text AND NOT EXISTS (SELECT FROM new_run);
 -- name: append
 -- See steptrail_append (migrations 0005, 0006): take the locks, then read the clock (ADR
 -- 0016), check the version (the fence), insert the events and the steps' journal entries,
