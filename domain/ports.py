@@ -48,6 +48,15 @@ class RunStore(Protocol):
         """
         ...
 
+    def create_many(self, runs: Sequence[tuple[Run, bytes | None]]) -> list[UUID]:
+        """Record many new runs (each with its saved request, if any) in one transaction, as
+        `create` records each one, and wake idle workers once.
+
+        Returns the id each run is stored under, in order: its own, or, when its idempotency
+        key is taken (by an existing run or by an earlier run of `runs`), that run's.
+        """
+        ...
+
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         """Record `run`'s pending events at `run.committed_version + 1 …`, and the journal
         entries of its pending steps (none if the append settles the run: settling deletes

@@ -182,6 +182,42 @@ class PostgresRunStore(ClaimsOne):
             assert row is not None, "insert_run skipped but no run has the key"
         return run_from_row(row)
 
+    def create_many(self, runs: Sequence[tuple[Run, bytes | None]]) -> list[UUID]:
+        """Record many new runs in one statement (one round trip); see `RunStore.create_many`."""
+        if not runs:
+            return []
+        columns: dict[str, list[Any]] = {name: [] for name in _MANY_COLUMNS.values()}
+        for run, request in runs:
+            (version, topic, state), *rest = encoded_events(run)
+            assert version == 1, "a run is created at version 1"
+            assert not rest, "a run is created by exactly one event"
+            params = self._params(run)
+            params.update(topic=topic, state=state, request=request)
+            for name, plural in _MANY_COLUMNS.items():
+                columns[plural].append(params[name])
+        with self._connection() as conn:
+            rows = conn.execute(self.q["insert_runs"], columns).fetchall()
+        created = {r["run_id"] for r in rows if r["created"]}
+        by_key = {r["idempotency_key"]: r["run_id"] for r in rows if r["idempotency_key"]}
+        for run, _ in runs:
+            if run.id in created:
+                run.mark_committed()
+        missing = [
+            run.state.idempotency_key
+            for run, _ in runs
+            if run.id not in created and run.state.idempotency_key not in by_key
+        ]
+        if missing:
+            # Keys taken by transactions that committed after the insert began.
+            with self._connection() as conn:
+                found = conn.execute(self.q["select_runs_by_keys"], {"keys": missing})
+                by_key.update((r["idempotency_key"], r["run_id"]) for r in found)
+        stored = []
+        for run, _ in runs:
+            key = run.state.idempotency_key
+            stored.append(run.id if run.id in created else by_key[key])
+        return stored
+
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:
             return
@@ -558,6 +594,27 @@ class _PgTx:
 
     def drop(self, table: str) -> None:
         postgres_drop(self.conn, table)
+
+
+# insert_runs' parameters: one array per column, named after the single insert's parameter.
+_MANY_COLUMNS = {
+    "run_id": "run_ids",
+    "agent": "agents",
+    "status": "statuses",
+    "version": "versions",
+    "segment": "segments",
+    "holder": "holders",
+    "lease_ms": "lease_mss",
+    "claim_version": "claim_versions",
+    "requeue_count": "requeue_counts",
+    "reason": "reasons",
+    "idempotency_key": "keys",
+    "doc": "docs",
+    "retry_delay_ms": "retry_delay_mss",
+    "topic": "topics",
+    "state": "states",
+    "request": "requests",
+}
 
 
 def _index_row(row: DictRow) -> RunRow:

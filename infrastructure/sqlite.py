@@ -489,6 +489,51 @@ class SQLiteRunStore(ClaimsOne):
         self._wake_if_queued(run)
         return run
 
+    def create_many(self, runs: Sequence[tuple[Run, bytes | None]]) -> list[UUID]:
+        """Record many new runs in one IMMEDIATE transaction; see `RunStore.create_many`."""
+        if not runs:
+            return []
+        keys = [r.state.idempotency_key for r, _ in runs if r.state.idempotency_key is not None]
+        # Encoded before the write lock; the instant is filled in inside it.
+        rows = [
+            (run, self._params(run, 0), self._event_params(run, 0), request)
+            for run, request in runs
+        ]
+        stored: list[UUID] = []
+        inserted: list[Run] = []
+        with self._write() as (cur, at):
+            taken: dict[str, UUID] = {}
+            if keys:
+                cur.execute(self.q["select_runs_by_keys"], {"keys": json.dumps(keys)})
+                taken = {r["idempotency_key"]: UUID(r["run_id"]) for r in cur.fetchall()}
+            events: list[dict[str, Any]] = []
+            index: list[dict[str, Any]] = []
+            requests: list[dict[str, Any]] = []
+            for run, params, run_events, request in rows:
+                key = run.state.idempotency_key
+                if key is not None and key in taken:
+                    stored.append(taken[key])
+                    continue
+                if key is not None:
+                    taken[key] = run.id  # a later run of this batch with the key gets this one
+                params["at"] = at
+                for event in run_events:
+                    event["at"] = at
+                events += run_events
+                index.append(params)
+                if request is not None:
+                    requests.append({"run_id": run.id.hex, "kind": REQUEST, "body": request})
+                stored.append(run.id)
+                inserted.append(run)
+            cur.executemany(self.q["insert_events"], events)
+            cur.executemany(self.q["insert_run"], index)
+            cur.executemany(self.q["put_saved"], requests)
+        for run in inserted:
+            run.mark_committed()
+        if any(side_effects(run.state)[1] for run in inserted):
+            self._woken.set()
+        return stored
+
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:
             return

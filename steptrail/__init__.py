@@ -54,7 +54,7 @@ from steptrail.projections.custom import (
     Tracking,
 )
 from steptrail.projections.run_index import RunRow
-from steptrail.runtime import InvalidRequest, RetryReport, Runtime, open_runtime
+from steptrail.runtime import InvalidItem, InvalidRequest, RetryReport, Runtime, open_runtime
 from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import (
     AwaitableInSyncStep,
@@ -88,6 +88,7 @@ __all__ = [
     "HttpStatusError",
     "IllegalTransition",
     "InvalidInput",
+    "InvalidItem",
     "InvalidRequest",
     "LeaseLost",
     "LoopAlreadyRunning",

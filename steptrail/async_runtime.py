@@ -9,7 +9,7 @@ runs async agents on the caller's loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
@@ -18,7 +18,7 @@ from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
-from steptrail.runtime import Runtime, open_runtime
+from steptrail.runtime import ENQUEUE_BATCH, Runtime, open_runtime
 from steptrail.workers.decisions import PendingDecision, ResumeMode
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport
@@ -60,6 +60,16 @@ class AsyncRuntime:
         return await self._call(
             self.sync.enqueue, agent, request, idempotency_key=idempotency_key, actor=actor
         )
+
+    async def enqueue_many(
+        self,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        actor: str = "enqueue",
+        batch: int = ENQUEUE_BATCH,
+    ) -> list[UUID]:
+        """Queue many runs, validated first, written in batches (as `Runtime.enqueue_many`)."""
+        return await self._call(self.sync.enqueue_many, list(items), actor=actor, batch=batch)
 
     async def start(self, agent: str, request: Mapping[str, Any] | None = None) -> SegmentResult:
         """Run `agent` now as an interactive run; an async agent runs on this loop."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from steptrail.domain.actors import check_actor
 from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
-from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
+from steptrail.domain.errors import IllegalTransition, InvalidActor, UnknownRun, VersionConflict
 from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run, RunState, fold, writes_done
@@ -47,10 +47,10 @@ from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.projector import Projector
 from steptrail.workers.reaper import Reaper, ReapReport
-from steptrail.workers.registry import App
+from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
 from steptrail.workers.store_threads import StoreThreads
-from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry, compose
+from steptrail.workers.telemetry import NO_TELEMETRY, CreationProbe, Telemetry, compose
 from steptrail.workers.worker import Worker, WorkerReport, holder_name
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
+ENQUEUE_BATCH = 1000  # runs per statement (PostgreSQL) or transaction (SQLite) in enqueue_many
+ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor")
 
 
 @dataclass
@@ -73,6 +75,16 @@ class RetryReport:
 
 class InvalidRequest(ValueError):
     """A request cannot be enqueued as given (not JSON, or not what the agent accepts)."""
+
+
+class InvalidItem(InvalidRequest):
+    """One item of `enqueue_many` cannot be enqueued; nothing was written. `index` is its
+    position among the items (0-based), `reason` what is wrong with it."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"item {index}: {reason}")
+        self.index = index
+        self.reason = reason
 
 
 class Runtime:
@@ -148,22 +160,8 @@ class Runtime:
         Raises:
             UnknownAgent, InvalidRequest, StoreUnavailable.
         """
-        body = self._request_body(agent, request)
-        if idempotency_key is not None and not idempotency_key.strip():
-            raise InvalidRequest("an idempotency key cannot be blank")
-        if idempotency_key is not None and len(idempotency_key) > MAX_KEY_LENGTH:
-            raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
-        check_actor(actor)
-        run_id = uuid4()
-        probe = self.telemetry.run_created(agent=agent, run_id=run_id, how="enqueue")
-        run = Run.enqueue(
-            run_id=run_id,
-            agent=agent,
-            request_digest=digest(json.loads(body)),
-            actor=actor,
-            idempotency_key=idempotency_key,
-            trace_parent=probe.trace_parent,
-        )
+        body = self._checked(agent, request, idempotency_key, actor)
+        run, probe = self._new_queued(agent, body, idempotency_key, actor)
         stored: Run | None = None
         try:
             stored = self.store.create(run, request=body)
@@ -178,6 +176,139 @@ class Runtime:
             **_trace_fields(stored),
         )
         return stored.id
+
+    def enqueue_many(
+        self,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        actor: str = "enqueue",
+        batch: int = ENQUEUE_BATCH,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[UUID]:
+        """Queue many runs: each item a mapping with `agent`, and optionally `request`,
+        `idempotency_key` and `actor` (default `actor`), as `enqueue` takes them. Returns
+        each item's run id, in order (the existing run's for a taken key).
+
+        Every item is validated before anything is written: a bad one raises
+        `InvalidItem` naming its position, and nothing is written. Then the runs are
+        written `batch` at a time, each batch one statement (PostgreSQL) or one transaction
+        (SQLite), with the rows, creation events and saved requests `enqueue` writes, and
+        idle workers are woken once per batch. Idempotency keys behave as if the items were
+        enqueued one by one in order: a taken key returns its run, and a key repeated in
+        `items` returns the run of its first occurrence. A failure of the store part-way
+        leaves the batches before it written (enqueueing again with keys is safe).
+        `progress(done, total)` is called after each batch.
+
+        Raises:
+            InvalidItem, StoreUnavailable.
+        """
+        if batch < 1:
+            raise ValueError("batch must be a positive integer")
+        check_actor(actor)
+        checked = self._checked_items(items, actor)
+        first: dict[str, int] = {}  # idempotency key -> the first item that has it
+        unique: list[int] = []
+        for index, (_, _, key, _) in enumerate(checked):
+            if key is None or key not in first:
+                unique.append(index)
+                if key is not None:
+                    first[key] = index
+        ids: list[UUID | None] = [None] * len(checked)
+        done = 0
+        for start in range(0, len(unique), batch):
+            chunk = unique[start : start + batch]
+            runs = [self._new_queued(*checked[i]) for i in chunk]
+            stored: list[UUID] | None = None
+            try:
+                stored = self.store.create_many(
+                    [(run, checked[i][1]) for i, (run, _) in zip(chunk, runs, strict=True)]
+                )
+            finally:
+                for n, (run, probe) in enumerate(runs):
+                    probe.ended(duplicate=stored is not None and stored[n] != run.id)
+            for i, run_id in zip(chunk, stored, strict=True):
+                ids[i] = run_id
+            done += len(chunk)
+            self.log.info(
+                "runs_enqueued",
+                count=len(chunk),
+                duplicates=sum(1 for (run, _), s in zip(runs, stored, strict=True) if s != run.id),
+            )
+            if progress is not None:
+                progress(done, len(unique))
+        for index, (_, _, key, _) in enumerate(checked):
+            if ids[index] is None:
+                assert key is not None
+                ids[index] = ids[first[key]]
+        return [run_id for run_id in ids if run_id is not None]
+
+    def _checked_items(
+        self, items: Iterable[Mapping[str, Any]], actor: str
+    ) -> list[tuple[str, bytes, str | None, str]]:
+        checked = []
+        for index, item in enumerate(items):
+            try:
+                checked.append(self._checked_item(item, actor))
+            except (InvalidRequest, UnknownAgent, InvalidActor) as error:
+                raise InvalidItem(index, str(error)) from error
+        return checked
+
+    def check_enqueue(self, item: Mapping[str, Any], *, actor: str = "enqueue") -> None:
+        """Check one `enqueue_many` item as `enqueue_many` would, writing nothing.
+
+        Raises:
+            InvalidRequest, UnknownAgent, InvalidActor: what is wrong with it.
+        """
+        self._checked_item(item, actor)
+
+    def _checked(
+        self, agent: str, request: Mapping[str, Any] | None, key: str | None, actor: str
+    ) -> bytes:
+        """The request's stored body, once the agent, request, key and actor are checked."""
+        body = self._request_body(agent, request)
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise InvalidRequest("an idempotency key cannot be blank")
+        if key is not None and len(key) > MAX_KEY_LENGTH:
+            raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
+        check_actor(actor)
+        return body
+
+    def _checked_item(
+        self, item: Mapping[str, Any], actor: str
+    ) -> tuple[str, bytes, str | None, str]:
+        if not isinstance(item, Mapping):
+            raise InvalidRequest("an item must be an object with an agent and a request")
+        unknown = sorted(str(k) for k in item if k not in ITEM_FIELDS)
+        if unknown:
+            raise InvalidRequest(
+                f"unknown field {unknown[0][:80]!r} (an item has {', '.join(ITEM_FIELDS)})"
+            )
+        agent = item.get("agent")
+        if not isinstance(agent, str):
+            raise InvalidRequest("an item needs an agent (a string)")
+        key = item.get("idempotency_key")
+        if key is not None and not isinstance(key, str):
+            raise InvalidRequest("an idempotency key must be a string")
+        who = item.get("actor", actor)
+        if not isinstance(who, str):
+            raise InvalidRequest("an actor must be a string")
+        return agent, self._checked(agent, item.get("request"), key, who), key, who
+
+    def _new_queued(
+        self, agent: str, body: bytes, key: str | None, actor: str
+    ) -> tuple[Run, CreationProbe]:
+        """A new queued run for a checked request body, with its telemetry probe."""
+        run_id = uuid4()
+        probe = self.telemetry.run_created(agent=agent, run_id=run_id, how="enqueue")
+        run = Run.enqueue(
+            run_id=run_id,
+            agent=agent,
+            request_digest=digest(json.loads(body)),
+            actor=actor,
+            idempotency_key=key,
+            trace_parent=probe.trace_parent,
+        )
+        return run, probe
 
     def start(self, agent: str, request: Mapping[str, Any] | None = None) -> SegmentResult:
         """Run `agent` now, in this process, as an interactive run under an

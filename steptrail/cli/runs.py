@@ -4,9 +4,14 @@ retry, reap, demo."""
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import IO, Annotated, Any, cast
 
 import typer
 
@@ -18,15 +23,19 @@ from steptrail.cli.app import (
     json_object,
     out,
     parse_run_id,
+    progress_bars,
     runtime,
     settings_for,
     stop_on_signals,
     unmigrated_runtime,
 )
 from steptrail.domain.enums import RunStatus, TerminationReason
+from steptrail.domain.errors import InvalidActor
+from steptrail.domain.limits import MAX_DEPTH
 from steptrail.render import event_dict, print_run, row_dict, runs_table
-from steptrail.runtime import Runtime
+from steptrail.runtime import ENQUEUE_BATCH, InvalidItem, InvalidRequest, Runtime
 from steptrail.worker_metrics import MetricsServer
+from steptrail.workers.registry import UnknownAgent
 
 MAX_LIMIT = 10_000
 MAX_EVERY_S = 86_400.0
@@ -44,7 +53,12 @@ def migrate(ctx: typer.Context) -> None:
 @cli.command()
 def enqueue(
     ctx: typer.Context,
-    agent: Annotated[str, typer.Argument(help="The registered agent to run.")],
+    agent: Annotated[
+        str | None,
+        typer.Argument(
+            help="The registered agent to run (with --from: the agent of lines that name none)."
+        ),
+    ] = None,
     request: Annotated[
         str,
         typer.Option(
@@ -62,10 +76,32 @@ def enqueue(
             "the existing run instead of a duplicate.",
         ),
     ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            metavar="FILE",
+            help="Enqueue many runs from a JSON Lines file (- for standard input): one object "
+            'per line, {"agent": …, "request": {…}, "idempotency_key": …}. Every line is '
+            "checked before anything is written; prints each line's run id, in order.",
+        ),
+    ] = None,
+    batch: Annotated[
+        int,
+        typer.Option("--batch", min=1, max=10_000, help="With --from: runs written per statement."),
+    ] = ENQUEUE_BATCH,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Put a run on the queue and print its id. Nothing is written if the agent is unknown
-    or the request is not a valid JSON object."""
+    """Put a run on the queue and print its id (or many, with --from). Nothing is written if
+    the agent is unknown or the request is not a valid JSON object (with --from: if any line
+    is bad; the error names the line)."""
+    if source is not None:
+        if request != "{}" or key is not None:
+            fail("--from reads each run's request and key from its line; drop --request/--key", 2)
+        _enqueue_from(ctx, source, agent, batch=batch, as_json=as_json)
+        return
+    if agent is None:
+        fail("name the agent to run (or give --from FILE)", 2)
     body = json_object(request, "--request", max_bytes=settings_for(ctx).max_request_bytes)
     with runtime(ctx) as rt:
         run_id = rt.enqueue(agent, body, idempotency_key=key)
@@ -73,6 +109,119 @@ def enqueue(
             emit_json({"run_id": str(run_id)})
         else:
             out.print(str(run_id))
+
+
+def _enqueue_from(
+    ctx: typer.Context, source: str, agent: str | None, *, batch: int, as_json: bool
+) -> None:
+    """`enqueue --from`: check every line (pass one), then write them `batch` at a time
+    (pass two, reading the file again; standard input is spooled to a temporary file first),
+    so a bad line anywhere writes nothing and memory stays flat whatever the file's size."""
+    max_line = 2 * settings_for(ctx).max_request_bytes + 4096
+    with _lines_source(source) as handle, runtime(ctx) as rt:
+        total = 0
+        for number, item in _jsonl_items(handle, source, max_line, agent):
+            try:
+                rt.check_enqueue(item)
+            except (InvalidRequest, UnknownAgent, InvalidActor) as error:
+                fail(f"{source} line {number}: {error}; nothing was written", 2)
+            total += 1
+        handle.seek(0)
+        written = 0
+        with progress_bars(lambda _: f"enqueueing from {source}") as advance:
+            chunk: list[tuple[int, dict[str, Any]]] = []
+            for entry in _jsonl_items(handle, source, max_line, agent):
+                chunk.append(entry)
+                if len(chunk) >= batch:
+                    written += _write_chunk(rt, chunk, source, written, as_json)
+                    advance("enqueue", written, total)
+                    chunk = []
+            if chunk:
+                written += _write_chunk(rt, chunk, source, written, as_json)
+                advance("enqueue", written, total)
+    err.print(f"{written:,} line(s) from {source} enqueued (a taken key returns its run)")
+
+
+def _write_chunk(
+    rt: Runtime, chunk: list[tuple[int, dict[str, Any]]], source: str, written: int, as_json: bool
+) -> int:
+    try:
+        ids = rt.enqueue_many([item for _, item in chunk], batch=len(chunk))
+    except InvalidItem as error:  # the file changed between the two passes
+        fail(
+            f"{source} line {chunk[error.index][0]}: {error.reason} (the file changed while "
+            f"it was read; the {written:,} line(s) before this batch were enqueued)",
+            2,
+        )
+    lines = (
+        json.dumps({"line": number, "run_id": str(run_id)}) if as_json else str(run_id)
+        for (number, _), run_id in zip(chunk, ids, strict=True)
+    )
+    sys.stdout.write("".join(f"{line}\n" for line in lines))  # plain: thousands of lines
+    sys.stdout.flush()
+    return len(chunk)
+
+
+@contextmanager
+def _lines_source(source: str) -> Iterator[IO[bytes]]:
+    """The file to read lines from, seekable: the file itself, or standard input copied to
+    a temporary file (kept in memory up to 8 MiB)."""
+    if source == "-":
+        with tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024) as spool:
+            shutil.copyfileobj(sys.stdin.buffer, spool)
+            spool.seek(0)
+            yield cast(IO[bytes], spool)
+        return
+    try:
+        handle = open(source, "rb")  # noqa: SIM115 - closed below, after both passes
+    except OSError as error:
+        fail(f"cannot read --from {source!r}: {error.strerror or error}", 2)
+    with handle:
+        yield handle
+
+
+def _jsonl_items(
+    handle: IO[bytes], source: str, max_line: int, agent: str | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, item) for each non-blank line; a line that is not a JSON object (or is
+    too long, not UTF-8, nested too deep, or names no agent) exits with code 2."""
+    number = 0
+    while True:
+        raw = handle.readline(max_line + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > max_line:
+            fail(
+                f"{source} line {number} is longer than {max_line:,} bytes; nothing was written", 2
+            )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            fail(f"{source} line {number} is not UTF-8 text; nothing was written", 2)
+        if not text.strip():
+            continue
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError as error:
+            fail(f"{source} line {number} is not valid JSON: {error}; nothing was written", 2)
+        except RecursionError:
+            fail(
+                f"{source} line {number} nests more than {MAX_DEPTH} levels of objects and "
+                "arrays; nothing was written",
+                2,
+            )
+        if not isinstance(item, dict):
+            fail(f"{source} line {number} must be a JSON object; nothing was written", 2)
+        if "agent" not in item:
+            if agent is None:
+                fail(
+                    f'{source} line {number} names no agent (give it an "agent" field, or '
+                    "name a default agent: steptrail enqueue AGENT --from FILE)",
+                    2,
+                )
+            item = {"agent": agent, **item}
+        yield number, item
 
 
 @cli.command()

@@ -68,6 +68,68 @@ FROM new_run AS n
 UNION ALL
 SELECT r.*, false, NULL FROM steptrail_runs AS r
 WHERE r.idempotency_key = %(idempotency_key)s::text AND NOT EXISTS (SELECT FROM new_run);
+-- name: insert_runs
+-- Many new runs in one statement (enqueue_many, ADR 0044): each run's row, creation event and
+-- saved request exactly as insert_run writes them, from one array per column, skipping runs
+-- whose idempotency key is taken (also by an earlier run of the same batch). Returns a row per
+-- run inserted (created) and per taken key whose run this statement can see (not created); a
+-- key taken by a transaction that committed after this statement began is in neither, and
+-- the caller reads it (select_runs_by_keys). One NOTIFY per agent of the batch, not per run.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), given AS (
+    SELECT * FROM unnest(
+        %(run_ids)s::uuid[], %(agents)s::text[], %(statuses)s::text[], %(versions)s::bigint[],
+        %(segments)s::text[], %(holders)s::text[], %(lease_mss)s::bigint[],
+        %(claim_versions)s::bigint[], %(requeue_counts)s::integer[], %(reasons)s::text[],
+        %(keys)s::text[], %(docs)s::jsonb[], %(retry_delay_mss)s::bigint[],
+        %(topics)s::text[], %(states)s::bytea[], %(requests)s::bytea[]
+    ) WITH ORDINALITY AS g(
+        run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+        requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request, ord
+    )
+), new_run AS (
+    INSERT INTO steptrail_runs (
+        run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+        requeue_count, reason, idempotency_key, doc,
+        lease_expires_at, available_at, created_at, updated_at
+    ) SELECT
+        g.run_id, g.agent, g.status, g.version, g.segment, g.holder, g.lease_ms,
+        g.claim_version, g.requeue_count, g.reason, g.idempotency_key, g.doc,
+        CASE WHEN g.status = 'running'
+            THEN clock.at + g.lease_ms * interval '1 millisecond' END,
+        CASE WHEN g.status = 'queued'
+            THEN clock.at + g.retry_delay_ms * interval '1 millisecond' END,
+        clock.at, clock.at
+    FROM given AS g, clock
+    ORDER BY g.ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING run_id, agent, status, idempotency_key, created_at
+), new_event AS (
+    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+    SELECT n.run_id, 1, g.topic, g.state, n.created_at
+    FROM new_run AS n JOIN given AS g ON g.run_id = n.run_id
+    ORDER BY g.ord
+), new_request AS (
+    INSERT INTO steptrail_saved (run_id, kind, body)
+    SELECT n.run_id, 'request', g.request
+    FROM new_run AS n JOIN given AS g ON g.run_id = n.run_id
+    WHERE g.request IS NOT NULL
+), woken AS (
+    SELECT pg_notify('steptrail_queued', a.agent)
+    FROM (SELECT DISTINCT agent FROM new_run WHERE status = 'queued') AS a
+)
+SELECT run_id, idempotency_key, true AS created, (SELECT count(*) FROM woken) AS woken
+FROM new_run
+UNION ALL
+SELECT run_id, idempotency_key, false, 0 FROM steptrail_runs
+WHERE idempotency_key = ANY(%(keys)s::text[])
+  AND run_id NOT IN (SELECT run_id FROM new_run);
+
+-- name: select_runs_by_keys
+SELECT run_id, idempotency_key FROM steptrail_runs
+WHERE idempotency_key = ANY(%(keys)s::text[]);
+
 -- name: append
 -- See steptrail_append (migrations 0005, 0006): take the locks, then read the clock (ADR
 -- 0016), check the version (the fence), insert the events and the steps' journal entries,

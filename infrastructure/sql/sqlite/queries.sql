@@ -40,6 +40,12 @@ INSERT INTO steptrail_runs (
     :at, :at
 );
 
+-- name: select_runs_by_keys
+-- enqueue_many (ADR 0044): which of a batch's idempotency keys are taken, inside the same
+-- IMMEDIATE transaction as the inserts that follow.
+SELECT run_id, idempotency_key FROM steptrail_runs
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys));
+
 -- name: update_run
 -- Same rule as PostgreSQL's update_run (and projections.run_index.row_after).
 UPDATE steptrail_runs SET
