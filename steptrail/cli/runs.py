@@ -60,14 +60,15 @@ def enqueue(
         ),
     ] = None,
     request: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--request",
             "-r",
-            help="The request, a JSON object; or @FILE to read it from a file, or - to read "
-            "it from standard input (at most STEPTRAIL_MAX_REQUEST_BYTES, default 1 MiB).",
+            help="The request, a JSON object (default {}); or @FILE to read it from a file, or "
+            "- to read it from standard input (at most STEPTRAIL_MAX_REQUEST_BYTES, default "
+            "1 MiB).",
         ),
-    ] = "{}",
+    ] = None,
     key: Annotated[
         str | None,
         typer.Option(
@@ -96,13 +97,14 @@ def enqueue(
     the agent is unknown or the request is not a valid JSON object (with --from: if any line
     is bad; the error names the line)."""
     if source is not None:
-        if request != "{}" or key is not None:
+        if request is not None or key is not None:
             fail("--from reads each run's request and key from its line; drop --request/--key", 2)
         _enqueue_from(ctx, source, agent, batch=batch, as_json=as_json)
         return
     if agent is None:
         fail("name the agent to run (or give --from FILE)", 2)
-    body = json_object(request, "--request", max_bytes=settings_for(ctx).max_request_bytes)
+    max_bytes = settings_for(ctx).max_request_bytes
+    body = json_object("{}" if request is None else request, "--request", max_bytes=max_bytes)
     with runtime(ctx) as rt:
         run_id = rt.enqueue(agent, body, idempotency_key=key)
         if as_json:

@@ -211,7 +211,7 @@ def test_taken_key_committed_during_the_insert_is_read_after(pg_url: str, bulk: 
         def enqueue() -> None:
             if bulk:
                 got.extend(
-                    rt.enqueue_many(_items(2) + [{"agent": "scripted", "idempotency_key": "raced"}])
+                    rt.enqueue_many([*_items(2), {"agent": "scripted", "idempotency_key": "raced"}])
                 )
             else:
                 got.append(rt.enqueue("scripted", {}, idempotency_key="raced"))
