@@ -40,6 +40,7 @@ from steptrail.infrastructure.store_base import (
     journal_rows,
     keeps_request,
     run_from_row,
+    settled_load,
     side_effects,
     state_params,
 )
@@ -217,6 +218,32 @@ class PostgresRunStore(ClaimsOne):
             key = run.state.idempotency_key
             stored.append(run.id if run.id in created else by_key[key])
         return stored
+
+    def bulk_load_settled(self, runs: Sequence[tuple[Run, datetime, bytes | None]]) -> int:
+        """Write whole settled runs in one transaction: for loading benchmark databases only
+        (bench/scale.py; ADR 0044), never a live one. Each item is a new run whose pending
+        events take it from creation to settlement, the instant of its first event, and the
+        request it keeps (failed runs keep theirs, ADR 0025; None otherwise). Writes the log
+        (events `LOAD_SPACING` apart), the index row as `rebuild` folds it, and the kept
+        request; no fence, no idempotency check, no wake-up, and the reporting views are
+        left to the projector. Returns the number of runs written."""
+        loads = [(run, *settled_load(run, at), request) for run, at, request in runs]
+        with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            with cur.copy(self.q["copy_events"]) as copy:
+                for run, log, _, _ in loads:
+                    for version, topic, state, when in log:
+                        copy.write_row((run.id, version, topic, state, when))
+            with cur.copy(self.q["copy_runs"]) as copy:
+                for _, _, row, _ in loads:
+                    p = self._row_params(row)
+                    copy.write_row([p[c] for c in _ROW_COLUMNS])
+            with cur.copy(self.q["copy_saved"]) as copy:
+                for run, _, _, request in loads:
+                    if request is not None:
+                        copy.write_row((run.id, REQUEST, request))
+        for run, _, _ in runs:
+            run.mark_committed()
+        return len(runs)
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:
@@ -595,6 +622,13 @@ class _PgTx:
     def drop(self, table: str) -> None:
         postgres_drop(self.conn, table)
 
+
+# copy_runs' columns, in its order (insert_row's parameters).
+_ROW_COLUMNS = (
+    "run_id", "agent", "status", "version", "segment", "holder", "lease_ms", "claim_version",
+    "requeue_count", "reason", "idempotency_key", "doc",
+    "lease_expires_at", "available_at", "created_at", "updated_at",
+)  # fmt: skip
 
 # insert_runs' parameters: one array per column, named after the single insert's parameter.
 _MANY_COLUMNS = {

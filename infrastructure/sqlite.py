@@ -41,6 +41,7 @@ from steptrail.infrastructure.store_base import (
     journal_rows,
     keeps_request,
     run_from_row,
+    settled_load,
     side_effects,
     state_params,
 )
@@ -533,6 +534,35 @@ class SQLiteRunStore(ClaimsOne):
         if any(side_effects(run.state)[1] for run in inserted):
             self._woken.set()
         return stored
+
+    def bulk_load_settled(self, runs: Sequence[tuple[Run, datetime, bytes | None]]) -> int:
+        """Write whole settled runs in one transaction: for loading benchmark databases only
+        (bench/scale.py; ADR 0044), never a live one. Each item is a new run whose pending
+        events take it from creation to settlement, the instant of its first event, and the
+        request it keeps (failed runs keep theirs, ADR 0025; None otherwise). Writes the log
+        (events `LOAD_SPACING` apart), the index row as `rebuild` folds it, and the kept
+        request; no fence, no idempotency check, no wake-up, and the reporting views are
+        left to the projector. Returns the number of runs written."""
+        events: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []
+        requests: list[dict[str, Any]] = []
+        for run, at, request in runs:
+            log, row = settled_load(run, at)
+            run_hex = run.id.hex
+            events += [
+                {"id": run_hex, "version": v, "topic": t, "state": s, "at": to_us(when)}
+                for v, t, s, when in log
+            ]
+            rows.append(self._row_params(row))
+            if request is not None:
+                requests.append({"run_id": run_hex, "kind": REQUEST, "body": request})
+        with self._write() as (cur, _):
+            cur.executemany(self.q["insert_events"], events)
+            cur.executemany(self.q["insert_row"], rows)
+            cur.executemany(self.q["put_saved"], requests)
+        for run, _, _ in runs:
+            run.mark_committed()
+        return len(runs)
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from steptrail.domain.enums import RunStatus
@@ -12,10 +13,17 @@ from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun
 from steptrail.domain.run import Run, RunState
 from steptrail.infrastructure.codec import encode_event
-from steptrail.projections.run_index import COLUMN_FIELDS, join_state, split_state
+from steptrail.projections.run_index import (
+    COLUMN_FIELDS,
+    RunRow,
+    join_state,
+    rebuild_row,
+    split_state,
+)
 
 REQUEST = "request"
 RESUMABLE = "resumable"
+LOAD_SPACING = timedelta(milliseconds=1)  # between the events of one bulk-loaded run
 
 
 def state_params(state: RunState) -> dict[str, Any]:
@@ -105,3 +113,19 @@ def journal_from_rows(rows: Sequence[RowLike]) -> list[JournalEntry]:
         )
         for r in rows
     ]
+
+
+def settled_load(run: Run, at: datetime) -> tuple[list[tuple[int, str, bytes, datetime]], RunRow]:
+    """For the stores' `bulk_load_settled` (benchmark databases only, ADR 0044): each
+    pending event of a new, settled `run` (its whole life) with the instant it is recorded
+    (`at`, then `LOAD_SPACING` apart), and the index row that a rebuild folds from them, so
+    that `verify` finds the loaded index equal to the log."""
+    assert run.committed_version == 0, "a bulk-loaded run is new"
+    assert run.state.status.is_terminal, "a bulk-loaded run is settled"
+    instants = [at + i * LOAD_SPACING for i in range(len(run.pending_events))]
+    events = [
+        (v, t, s, when) for (v, t, s), when in zip(encoded_events(run), instants, strict=True)
+    ]
+    row = rebuild_row(zip(run.pending_events, instants, strict=True))
+    assert row is not None
+    return events, row

@@ -288,6 +288,22 @@ INSERT INTO steptrail_runs (
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
 );
 
+-- name: copy_events
+-- bulk_load_settled (benchmark databases only, ADR 0044): whole logs of settled runs.
+COPY steptrail_events (originator_id, originator_version, topic, state, recorded_at) FROM STDIN;
+
+-- name: copy_runs
+-- bulk_load_settled: their index rows, as rebuild folds them (insert_row's columns).
+COPY steptrail_runs (
+    run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+    requeue_count, reason, idempotency_key, doc,
+    lease_expires_at, available_at, created_at, updated_at
+) FROM STDIN;
+
+-- name: copy_saved
+-- bulk_load_settled: the requests failed runs keep (ADR 0025).
+COPY steptrail_saved (run_id, kind, body) FROM STDIN;
+
 -- name: store_now
 SELECT now() AS now;
 
