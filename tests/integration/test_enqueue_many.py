@@ -8,6 +8,7 @@ import json
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -15,7 +16,7 @@ import pytest
 
 from steptrail.async_runtime import AsyncRuntime
 from steptrail.domain.digest import canonical_json
-from steptrail.domain.enums import RunStatus
+from steptrail.domain.enums import FailureClass, RunStatus, TerminationReason
 from steptrail.domain.limits import MAX_DEPTH
 from steptrail.domain.run import Run
 from steptrail.runtime import InvalidItem, Runtime
@@ -242,3 +243,53 @@ def test_async_enqueue_many(db_url: str) -> None:
             await rt.close()
 
     assert len(set(asyncio.run(main()))) == 30
+
+
+def _settled(i: int, holder: str = "worker:load") -> Run:
+    run = Run.enqueue(run_id=uuid.uuid4(), agent="scripted", request_digest="d", actor="load")
+    run.claim(holder=holder, lease_ms=60_000)
+    run.record_step(kind="llm", name="s", duration_ms=3, payload={"i": i})
+    if i % 3 == 0:
+        run.complete(result={"i": i})
+    elif i % 3 == 1:
+        run.dead_letter(
+            actor=holder,
+            reason=TerminationReason.NOT_RETRYABLE,
+            cause="test",
+            failure_class=FailureClass.CLIENT_ERROR,
+        )
+    else:
+        run.cancel(actor="load")
+    return run
+
+
+def test_bulk_load_settled__verify_clean_and_as_written(runtime: Runtime) -> None:
+    """The benchmark loader writes logs and index rows a rebuild agrees with; failed runs
+    keep their request; nothing loaded is claimable; purge removes loaded runs."""
+    at = datetime.now(UTC) - timedelta(days=3)
+    runs = [(_settled(i), at + timedelta(seconds=i), b'{"steps":1}' if i % 3 == 1 else None)
+            for i in range(60)]  # fmt: skip
+    assert runtime.store.bulk_load_settled(runs) == 60
+    runtime.project()
+    assert runtime.verify() == []
+    first, stamp, _ = runs[1]
+    history = runtime.history(first.id)
+    assert [type(e.event).__name__ for e in history] == [
+        "Queued", "Claimed", "StepRecorded", "DeadLettered",
+    ]  # fmt: skip
+    assert [e.recorded_at for e in history] == [
+        stamp + k * timedelta(milliseconds=1) for k in range(4)
+    ]
+    assert runtime.get(first.id).status is RunStatus.FAILED
+    assert runtime.store.request(first.id) == b'{"steps":1}'
+    assert runtime.store.request(runs[0][0].id) is None
+    assert runtime.store.claim(holder="w", lease_ms=1000, agents=["scripted"]) is None
+    deadline = time.monotonic() + 60  # PostgreSQL: the views wait for older transactions
+    while runtime.views.status_counts() == {} and time.monotonic() < deadline:
+        time.sleep(0.1)
+        runtime.project()
+    counts = runtime.views.status_counts()
+    assert counts == {("scripted", "completed"): 20, ("scripted", "failed"): 20,
+                      ("scripted", "cancelled"): 20}  # fmt: skip
+    assert runtime.purge(2).total == 60
+    assert runtime.verify() == []
