@@ -197,7 +197,9 @@ class Runtime:
         enqueued one by one in order: a taken key returns its run, and a key repeated in
         `items` returns the run of its first occurrence. A failure of the store part-way
         leaves the batches before it written (enqueueing again with keys is safe).
-        `progress(done, total)` is called after each batch.
+        `progress(done, total)` is called after each batch. The checked requests of all
+        items are held in memory until written: for millions of runs, call it once per
+        chunk of items (as `steptrail enqueue --from` does).
 
         Raises:
             InvalidItem, StoreUnavailable.
@@ -236,11 +238,12 @@ class Runtime:
             )
             if progress is not None:
                 progress(done, len(unique))
+        result: list[UUID] = []
         for index, (_, _, key, _) in enumerate(checked):
-            if ids[index] is None:
-                assert key is not None
-                ids[index] = ids[first[key]]
-        return [run_id for run_id in ids if run_id is not None]
+            run_id = ids[index] if key is None else ids[first[key]]
+            assert run_id is not None, "every item's run was written or found"
+            result.append(run_id)
+        return result
 
     def _checked_items(
         self, items: Iterable[Mapping[str, Any]], actor: str
