@@ -121,3 +121,20 @@ def test_from_usage_errors(sqlite_url: str, args: list[str], message: str) -> No
     made = steptrail("enqueue", *args, url=sqlite_url)
     assert made.returncode == 2
     assert message in made.stderr
+
+
+def test_large_file_many_batches(sqlite_url: str, tmp_path: Path) -> None:
+    """40,000 lines: 40 batches of the default size, every id printed once, in order."""
+    source = tmp_path / "runs.jsonl"
+    with source.open("w") as handle:
+        for i in range(40_000):
+            handle.write(_line(i, idempotency_key=f"k{i}") + "\n")
+    made = steptrail("enqueue", "--from", str(source), url=sqlite_url, timeout=300)
+    assert made.returncode == 0, made.stderr
+    ids = made.stdout.split()
+    assert len(ids) == len(set(ids)) == 40_000
+    again = steptrail("enqueue", "--from", str(source), url=sqlite_url, timeout=300)
+    assert again.stdout.split() == ids  # every key taken: the same runs, nothing new
+    stats = steptrail("stats", "--json", url=sqlite_url)
+    counts = {r["status"]: r["count"] for r in json.loads(stats.stdout)["by_status"]}
+    assert counts == {"queued": 40_000}
