@@ -240,9 +240,9 @@ class Runtime:
                 progress(done, len(unique))
         result: list[UUID] = []
         for index, (_, _, key, _) in enumerate(checked):
-            run_id = ids[index] if key is None else ids[first[key]]
-            assert run_id is not None, "every item's run was written or found"
-            result.append(run_id)
+            found = ids[index] if key is None else ids[first[key]]
+            assert found is not None, "every item's run was written or found"
+            result.append(found)
         return result
 
     def _checked_items(
