@@ -138,17 +138,21 @@ class PostgresRunStore(ClaimsOne):
         """Apply missing migrations under an advisory lock (only those numbered `upto` or
         lower, if given); returns the names applied."""
         applied_now: list[str] = []
+        complete = True
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["migration_lock"])
             conn.execute(self.q["create_migrations_table"])
             done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
             for number, name, sql in migrations(self.backend):
-                if number in done or (upto is not None and number > upto):
+                if number in done:
+                    continue
+                if upto is not None and number > upto:
+                    complete = False
                     continue
                 conn.execute(sql.encode("utf-8"))  # migration text ships with steptrail
                 conn.execute(self.q["record_migration"], {"version": number, "name": name})
                 applied_now.append(f"{number:04d}_{name}")
-        if self._renumber_restored():
+        if complete and self._renumber_restored():  # it reads tables of the whole schema
             applied_now.append(RESTORED)
         return applied_now
 

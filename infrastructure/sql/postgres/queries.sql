@@ -255,11 +255,13 @@ SET failures = steptrail_tracking.failures + 1, last_error = EXCLUDED.last_error
 -- commit after a higher one, so the log is read by (inserting transaction, id), and only
 -- transactions older than the oldest one still running: none of those can still add a row,
 -- and every later transaction sorts after them. Gaps (rolled-back or purged ids) are passed.
+-- "Still running" counts only this database's writers of the log (ADR 0047).
+WITH horizon AS MATERIALIZED (SELECT steptrail_log_horizon() AS tx)
 SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
        recorded_at, topic, state
 FROM steptrail_events
 WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
-  AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+  AND tx_id < (SELECT tx FROM horizon)
 ORDER BY tx_id, notification_id
 LIMIT %(limit)s;
 -- name: max_notification_id
@@ -399,19 +401,21 @@ VACUUM steptrail_events, steptrail_runs, steptrail_saved,
 -- (select_notifications), merged with the positions of purged events, so a consumer passing
 -- a purged position is told so. One statement, so one snapshot: a purge committing meanwhile
 -- shows each position either as its event or as its marker, never neither. Each arm takes
--- its first `limit` rows by index, so only 2 x limit rows are ever sorted.
+-- its first `limit` rows by index, so only 2 x limit rows are ever sorted. Both arms use the
+-- one horizon (ADR 0047), read once.
+WITH horizon AS MATERIALIZED (SELECT steptrail_log_horizon() AS tx)
 (SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
         recorded_at, topic, state, NULL::timestamptz AS purged_at
  FROM steptrail_events
  WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
-   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+   AND tx_id < (SELECT tx FROM horizon)
  ORDER BY tx_id, notification_id
  LIMIT %(limit)s)
 UNION ALL
 (SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
  FROM steptrail_purged_events
  WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
-   AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+   AND position_tx < (SELECT tx FROM horizon)
  ORDER BY position_tx, position
  LIMIT %(limit)s)
 ORDER BY tx_id, notification_id
