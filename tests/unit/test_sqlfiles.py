@@ -19,6 +19,12 @@ BACKEND_ONLY: dict[str, str] = {
     "lock_for_rebuild": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     "listen_queued": "PostgreSQL: SQLite has no LISTEN; its workers poll",
     "claim_rows": "SQLite: PostgreSQL's claim updates the rows in its one statement",
+    "insert_runs": "PostgreSQL: enqueue_many's one statement per batch (SQLite: executemany "
+    "of insert_events, insert_run, put_saved in one transaction; ADR 0044)",
+    **dict.fromkeys(
+        ("copy_events", "copy_runs", "copy_saved"),
+        "PostgreSQL: bulk_load_settled's COPY (SQLite: executemany; ADR 0044)",
+    ),
     **dict.fromkeys(
         (
             "restored_positions",
