@@ -61,9 +61,7 @@ def test_claim__row_changed_during_a_multi_row_claim_keeps_read_order(pg_url: st
         claimer.join(10)
         assert [c.run.id for c in got["runs"]] == [first, second]
         for claimed in got["runs"]:
-            claimed.run.requeue(
-                delay_ms=0, failure_class=FailureClass.CONNECTION, error_type=None
-            )
+            claimed.run.requeue(delay_ms=0, failure_class=FailureClass.CONNECTION, error_type=None)
             store.append(claimed.run)
         assert rt.get(second).status is RunStatus.QUEUED
     finally:
@@ -95,8 +93,7 @@ def test_claim__availability_is_judged_at_the_claims_start(pg_url: str) -> None:
     q = rt.store.q  # type: ignore[attr-defined]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
-            "UPDATE steptrail_runs SET available_at = now() + interval '1 hour' "
-            "WHERE run_id = %s",
+            "UPDATE steptrail_runs SET available_at = now() + interval '1 hour' WHERE run_id = %s",
             (later,),
         )
     topic, state = "steptrail.Run.Claimed", b"{}"
