@@ -174,6 +174,8 @@ def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str
         got: dict[str, Any] = {}
         plans = _plans(conn, lambda: got.update(rows=conn.execute(q["claim"], params).fetchall()))
     assert len(got["rows"]) == LIMIT
+    # The disabled steps' costs must not make the server compile the claim (jit = off).
+    assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
     inner = _inner(plans, "SELECT picked.run_id")
     scans = _scans_of_runs(inner)
     assert [(n["Node Type"], n.get("Index Name")) for n in scans] == [

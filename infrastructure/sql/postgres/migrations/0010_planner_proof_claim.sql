@@ -22,11 +22,12 @@ DROP INDEX IF EXISTS steptrail_runs_claimable_idx;
 -- walk of steptrail_runs_queued_idx, which stops after the batch. (The one remaining sort
 -- merges the per-agent batches, at most agents x p_limit rows; it is unavoidable, so it is
 -- still planned.) The settings apply to this function's statements only. PL/pgSQL keeps
--- the plan for the session.
+-- the plan for the session. jit is off because a disabled step's cost (10^10) is far above
+-- jit_above_cost: the server would compile every claim (100-300 ms) to save microseconds.
 CREATE FUNCTION steptrail_claimable(p_agents text[], p_limit integer)
 RETURNS TABLE (run_id uuid, version bigint)
 LANGUAGE plpgsql VOLATILE ROWS 16
-SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -51,7 +52,7 @@ $$;
 CREATE FUNCTION steptrail_stale(p_limit integer)
 RETURNS SETOF steptrail_runs
 LANGUAGE plpgsql STABLE ROWS 100
-SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -68,7 +69,7 @@ $$;
 CREATE FUNCTION steptrail_stale_count()
 RETURNS bigint
 LANGUAGE plpgsql STABLE
-SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     n bigint;
