@@ -4,9 +4,10 @@
     python bench/backlog.py --runs 5000 --stats stale --json out.json
     python bench/backlog.py --backend sqlite
 
-N runs of the built-in `scripted` agent (`{"steps": 1}`) are enqueued (8 threads, not
-timed; the reporting views fold them, not timed), then ONE worker process — this one — drains them with
-`Runtime.worker(concurrency=C, burst=True).run()`, recording the moment each run finishes.
+N runs of the built-in `scripted` agent (`{"steps": 1}`) are enqueued (8 threads) and
+folded into the reporting views (neither timed), then ONE worker process — this one —
+drains them with `Runtime.worker(concurrency=C, burst=True).run()`, recording the moment
+each run finishes.
 Reported: the drain rate over the first and the last quarter of the runs, and their ratio
 (last / first: 1.0 is flat; the scale probe of issue 16 saw ~5 before ADR 0037: ~115 runs/s
 at the start, ~570/s at the end), plus the worker's CPU per run.

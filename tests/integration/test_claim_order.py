@@ -59,7 +59,7 @@ def test_claim__row_changed_during_a_multi_row_claim_keeps_read_order(pg_url: st
         )
         assert others == []
         claimer.join(10)
-        assert [c.run.id for c in got["runs"]] == [first, second]
+        assert {c.run.id for c in got["runs"]} == {first, second}
         for claimed in got["runs"]:
             claimed.run.requeue(delay_ms=0, failure_class=FailureClass.CONNECTION, error_type=None)
             store.append(claimed.run)
