@@ -11,6 +11,7 @@ anything that lost the connection is `StoreUnavailable`.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
@@ -92,6 +93,7 @@ class PostgresRunStore(ClaimsOne):
         self._woken = threading.Event()
         self._listener: threading.Thread | None = None
         self._closed = threading.Event()
+        self._claim_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
         try:
             # One plain connection first: it fails fast, with the server's own words
             # ("connection refused", "database does not exist"), where the pool would only
@@ -344,7 +346,16 @@ class PostgresRunStore(ClaimsOne):
             "limit": limit,
         }
         with self._connection() as conn:
-            rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
+            if conn in self._claim_prepared:
+                rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
+            else:
+                # Outside a pipeline psycopg prepares on first use with a round trip of its
+                # own (Parse, wait, then Bind/Execute); in one, Parse goes with the rest: the
+                # claim is one round trip on a fresh connection too (ADR 0038). Only then:
+                # a pipeline costs the client more CPU than a plain execute.
+                with conn.pipeline():
+                    rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
+                self._claim_prepared.add(conn)
         # updated_at is the claim's now(): the run's age is measured by the store's clock.
         return [
             ClaimedRun(

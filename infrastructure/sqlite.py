@@ -604,10 +604,13 @@ class SQLiteRunStore(ClaimsOne):
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
     ) -> list[ClaimedRun]:
         topic, state = encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
-        candidates = {"agents": json.dumps(list(agents)), "limit": limit}
         with self._write() as (cur, at):
-            cur.execute(self.q["claim"], {**candidates, "now": at})
-            rows = cur.fetchall()
+            rows: list[sqlite3.Row] = []
+            for agent in dict.fromkeys(agents):
+                cur.execute(self.q["claim"], {"agent": agent, "limit": limit, "now": at})
+                rows += cur.fetchall()
+            if len(agents) > 1:  # each agent's batch is in claim order; merge them
+                rows = sorted(rows, key=lambda r: (r["available_at"], r["run_id"]))[:limit]
             if rows:
                 cur.executemany(
                     self.q["insert_events"],

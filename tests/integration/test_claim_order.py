@@ -1,12 +1,15 @@
-"""PostgreSQL: a multi-row claim's events are read in version order (ADR 0018).
+"""PostgreSQL: a multi-row claim's events are read in version order (ADR 0018, 0037).
 
-A claim takes its transaction id at its first row; the view runner reads the log by
-(transaction, id). A later row that another transaction changed and committed while the claim
-was busy is re-checked by PostgreSQL before the claim locks it: were it claimed, its Claimed
-would sort before the other transaction's events of the same run. It is not claimed, because
-availability is judged at the claim's start and every change to a queued run leaves it either
-not queued or available later than that. This test builds exactly that interleaving. (SQLite
-has one writer at a time: its ids commit in order, there is nothing to prove there.)
+A claim takes its transaction id at its first locked row; the view runner reads the log by
+(transaction, id). A row that another transaction changed and committed after the claim
+began must not be claimed by it: were it claimed, its Claimed could sort before the other
+transaction's events of the same run. It is not, because availability is judged at the
+claim's start (now()) and every change to a queued run leaves it either not queued or
+available later than that. Since ADR 0037 the claim locks its whole batch in one pass
+(steptrail_claimable) before it writes any event, which narrows that window to the lock
+pass; the tests below build what can still be built: a change that lands while the claim
+waits to start, and a claim that sleeps between its rows. (SQLite has one writer at a time:
+its ids commit in order, there is nothing to prove there.)
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from tests.conftest import make_runtime
 
 
 def test_claim__row_changed_during_a_multi_row_claim_keeps_read_order(pg_url: str) -> None:
-    """While a two-row claim sleeps inside its first row, the second run is claimed and
-    requeued by others; the first claim does not take it, and every run's events are read
-    in version order (the views fold cleanly, verify is clean)."""
+    """While a two-row claim sleeps writing its first run's Claimed, a second claimer finds
+    nothing (the batch was locked in one pass before any write) and every run's events are
+    read in version order (the views fold cleanly, verify is clean)."""
     rt = make_runtime(pg_url)
     store: Any = rt.store
     first = rt.enqueue("scripted", {})
@@ -50,15 +53,16 @@ def test_claim__row_changed_during_a_multi_row_claim_keeps_read_order(pg_url: st
             )
         )
         claimer.start()
-        time.sleep(0.4)  # the slow claim holds the first run and sleeps in its insert
-        (other,) = store.claim_batch(
+        time.sleep(0.4)  # the slow claim holds both runs and sleeps in its first insert
+        others = store.claim_batch(
             holder="worker:other", lease_ms=60_000, agents=["scripted"], limit=2
         )
-        assert other.run.id == second
-        other.run.requeue(delay_ms=0, failure_class=FailureClass.CONNECTION, error_type=None)
-        store.append(other.run)  # queued again, available at once: after the slow claim began
+        assert others == []
         claimer.join(10)
-        assert [c.run.id for c in got["runs"]] == [first]
+        assert {c.run.id for c in got["runs"]} == {first, second}
+        for claimed in got["runs"]:
+            claimed.run.requeue(delay_ms=0, failure_class=FailureClass.CONNECTION, error_type=None)
+            store.append(claimed.run)
         assert rt.get(second).status is RunStatus.QUEUED
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -74,4 +78,50 @@ def test_claim__row_changed_during_a_multi_row_claim_keeps_read_order(pg_url: st
         assert versions == sorted(versions)
         assert versions == list(range(1, len(versions) + 1))
     assert rt.verify() == []
+    rt.close()
+
+
+def test_claim__availability_is_judged_at_the_claims_start(pg_url: str) -> None:
+    """A claim that waited to start (behind a table lock) does not take a run that became
+    available while it waited, although the run is queued and available by the clock when
+    the claim finally reads it: availability is now(), the transaction's start, not the
+    moment of the read (with clock_timestamp() this run would be claimed, and its Claimed
+    could sort before the change in the log's read order)."""
+    rt = make_runtime(pg_url)
+    ready = rt.enqueue("scripted", {})
+    later = rt.enqueue("scripted", {})
+    q = rt.store.q  # type: ignore[attr-defined]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE steptrail_runs SET available_at = now() + interval '1 hour' WHERE run_id = %s",
+            (later,),
+        )
+    topic, state = "steptrail.Run.Claimed", b"{}"
+    params = {
+        "agents": ["scripted"],
+        "topic": topic,
+        "state": state,
+        "holder": "worker:late",
+        "lease_ms": 60_000,
+        "limit": 2,
+    }
+    got: dict[str, Any] = {}
+    with psycopg.connect(pg_url, autocommit=True) as locker, locker.transaction():
+        locker.execute("LOCK TABLE steptrail_runs IN EXCLUSIVE MODE")
+
+        def claim() -> None:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                got["rows"] = conn.execute(q["claim"], params).fetchall()
+
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        time.sleep(0.5)  # the claim has started (its now() is taken) and waits for the lock
+        assert "rows" not in got
+        locker.execute(
+            "UPDATE steptrail_runs SET available_at = clock_timestamp() WHERE run_id = %s",
+            (later,),
+        )
+    claimer.join(10)
+    assert [row[0] for row in got["rows"]] == [ready]
+    assert rt.get(later).status is RunStatus.QUEUED
     rt.close()

@@ -169,14 +169,12 @@ DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 -- events in reading order (ADR 0018): a row re-checked after somebody changed it passes
 -- only if it is still queued and was available before this statement began, and every
 -- change to a queued run either leaves it not queued or makes it available later than that.
+-- steptrail_claimable (migration 0010) picks and locks the runs along the per-agent claim
+-- index whatever the statistics say (ADR 0037).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
 ), picked AS (
-    SELECT run_id, version FROM steptrail_runs
-    WHERE status = 'queued' AND available_at <= now() AND agent = ANY(%(agents)s::text[])
-    ORDER BY available_at, run_id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT run_id, version FROM steptrail_claimable(%(agents)s::text[], %(limit)s::integer)
 ), claimed_event AS (
     INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
     SELECT run_id, version + 1, %(topic)s, %(state)s, clock.at FROM picked, clock
@@ -224,13 +222,11 @@ LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
 
 -- name: select_stale
 -- Only running runs whose lease expired by the store's clock, oldest deadline first; the
--- partial index on lease_expires_at makes this proportional to the stale runs returned.
--- statement_timestamp(): this statement starts after lock_for_reaper was granted, and
--- unlike clock_timestamp() it is stable, so the lease index can answer the comparison.
-SELECT * FROM steptrail_runs
-WHERE status = 'running' AND lease_expires_at < statement_timestamp()
-ORDER BY lease_expires_at
-LIMIT %(limit)s;
+-- partial index on lease_expires_at makes this proportional to the stale runs returned, and
+-- steptrail_stale (migration 0010) walks only that index, whatever the statistics say (ADR
+-- 0037). statement_timestamp(): this statement starts after lock_for_reaper was granted,
+-- and unlike clock_timestamp() it is stable, so the lease index can answer the comparison.
+SELECT * FROM steptrail_stale(%(limit)s::integer);
 
 -- name: select_history
 SELECT originator_version AS version, recorded_at, topic, state, notification_id
@@ -412,11 +408,11 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
 
 -- name: queue_health
--- Live figures from the run index (not a view): the oldest queued run and expired leases.
+-- Live figures from the run index (not a view): the oldest queued run and expired leases
+-- (counted along the lease index by steptrail_stale_count, ADR 0037).
 SELECT
     (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
-    (SELECT count(*) FROM steptrail_runs
-     WHERE status = 'running' AND lease_expires_at < now()) AS stale_leases,
+    steptrail_stale_count() AS stale_leases,
     now() AS now;
 
 -- name: count_purgeable

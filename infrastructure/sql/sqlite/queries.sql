@@ -95,14 +95,15 @@ DELETE FROM steptrail_journal WHERE run_id = :run_id;
 -- name: claim
 -- SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
 -- else can write; the caller inserts their Claimed events and runs claim_rows, then folds
--- Claimed in Python after the commit, so the write lock is held for SQL work only. INDEXED
--- BY because SQLite never gathers statistics on its own, and without them it would rather
--- sort every queued run than walk this index.
+-- Claimed in Python after the commit, so the write lock is held for SQL work only. One
+-- agent per statement (the caller merges several agents' batches): the per-agent claim
+-- index then yields the rows in claim order and the walk stops after `limit` (ADR 0037).
+-- INDEXED BY because SQLite never gathers statistics on its own, and without them it could
+-- rather read every queued run and sort them than walk this index.
 SELECT r.*, s.body AS request
-FROM steptrail_runs AS r INDEXED BY steptrail_runs_claimable_idx
+FROM steptrail_runs AS r INDEXED BY steptrail_runs_queued_idx
 LEFT JOIN steptrail_saved AS s ON s.run_id = r.run_id AND s.kind = 'request'
-WHERE r.status = 'queued' AND r.available_at <= :now
-  AND r.agent IN (SELECT value FROM json_each(:agents))
+WHERE r.status = 'queued' AND r.agent = :agent AND r.available_at <= :now
 ORDER BY r.available_at, r.run_id
 LIMIT :limit;
 
@@ -291,9 +292,10 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
 
 -- name: queue_health
+-- The stale leases are counted along the lease index (ADR 0037): they cost the stale runs.
 SELECT
     (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
-    (SELECT count(*) FROM steptrail_runs
+    (SELECT count(*) FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
      WHERE status = 'running' AND lease_expires_at < :now) AS stale_leases,
     :now AS now;
 

@@ -1,0 +1,346 @@
+"""Claims, the reaper's scan and the stale-lease count cost their batch, not the history
+(ADR 0037), whatever the planner's statistics say.
+
+PostgreSQL: each case builds its database with raw SQL (fast) in one of three statistics
+states — a backlog never analysed, a large finished history analysed while nothing was
+queued or running and a backlog added after, and a backlog analysed — then runs the store's
+real statements with auto_explain capturing the plans of the functions' inner statements
+(ANALYZE, BUFFERS) and checks them structurally: which index, rows read, buffers touched —
+bounded by the batch, never by the backlog. SQLite: EXPLAIN QUERY PLAN with and without
+ANALYZE, and the virtual machine's instruction count (a progress handler), which must not
+grow with the backlog. No timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from steptrail.infrastructure.factory import open_store
+from steptrail.infrastructure.sqlfiles import queries
+from tests.conftest import PG_ADMIN_URL, _url_for
+
+LIMIT = 16
+BACKLOG = 5_000  # queued runs of the agent the worker serves
+OTHERS = 5_000  # queued runs of another agent, all available before the backlog
+RUNNING = 2_000  # running runs with live leases
+EXPIRED = 20  # running runs whose lease has expired
+HISTORY = 30_000  # finished runs
+
+PG_INSERT = """
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, requeue_count, doc,
+    available_at, lease_expires_at, created_at, updated_at
+)
+SELECT gen_random_uuid(), %(agent)s, %(status)s, 2, 0, '{}'::jsonb,
+       CASE WHEN %(status)s = 'queued'
+            THEN now() - %(age_s)s * interval '1 second' + g * interval '1 ms' END,
+       CASE WHEN %(status)s = 'running'
+            THEN now() + %(lease_s)s * interval '1 second' END,
+       now(), now()
+FROM generate_series(1, %(n)s) AS g
+"""
+
+STATEMENTS = ("live_backlog", "history_then_backlog", "analysed_backlog")
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_fresh() -> Iterator[str]:
+    """A database of its own (statistics are per database), migrated, autovacuum off on the
+    run index so that nothing analyses it behind the test's back."""
+    name = f"steptrail_planner_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as error:
+        pytest.skip(f"PostgreSQL unreachable: {error}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _url_for(name)
+    try:
+        open_store(url).close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE steptrail_runs SET (autovacuum_enabled = off)")
+        yield url
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _pg_fill(conn: psycopg.Connection[Any], state: str) -> None:
+    def insert(
+        agent: str, status: str, n: int, *, age_s: float = 3600, lease_s: float = 600
+    ) -> None:
+        conn.execute(
+            PG_INSERT,
+            {"agent": agent, "status": status, "n": n, "age_s": age_s, "lease_s": lease_s},
+        )
+
+    if state == "history_then_backlog":
+        insert("a", "completed", HISTORY)
+        conn.execute("ANALYZE steptrail_runs")  # nothing queued or running when analysed
+    insert("other", "queued", OTHERS, age_s=7200)  # ahead of every run of agent a
+    insert("a", "queued", BACKLOG)
+    insert("a", "running", RUNNING)
+    insert("a", "running", EXPIRED, lease_s=-60)
+    if state == "analysed_backlog":
+        conn.execute("ANALYZE steptrail_runs")
+
+
+def _plans(conn: psycopg.Connection[Any], run: Any) -> list[dict[str, Any]]:
+    """The plans (with actual rows and buffers) of every statement `run` executes, nested
+    ones included, in a transaction that is rolled back."""
+    try:
+        conn.execute("LOAD 'auto_explain'")
+    except psycopg.Error as error:  # pragma: no cover - a server without contrib
+        pytest.skip(f"auto_explain is not available: {error}")
+    for setting, value in (
+        ("log_min_duration", "0"),
+        ("log_nested_statements", "on"),
+        ("log_analyze", "on"),
+        ("log_buffers", "on"),
+        ("log_format", "json"),
+        ("log_level", "notice"),
+    ):
+        conn.execute(f"SET auto_explain.{setting} = {value}")
+    found: list[dict[str, Any]] = []
+
+    def collect(diagnostic: psycopg.errors.Diagnostic) -> None:
+        text = diagnostic.message_primary or ""
+        if text.startswith("duration:") and "\n" in text:
+            found.append(json.loads(text.split("\n", 1)[1]))
+
+    conn.add_notice_handler(collect)
+    with conn.transaction():
+        run()
+        raise psycopg.Rollback()
+    conn.execute("SET auto_explain.log_min_duration = -1")
+    return found
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _inner(plans: list[dict[str, Any]], marker: str) -> dict[str, Any]:
+    (plan,) = [p["Plan"] for p in plans if p["Query Text"].lstrip().startswith(marker)]
+    return plan
+
+
+def _buffers(node: dict[str, Any]) -> int:
+    return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
+
+
+def _scans_of_runs(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        n
+        for n in _nodes(plan)
+        if n.get("Relation Name") == "steptrail_runs" and n["Node Type"].endswith("Scan")
+    ]
+
+
+def _read(node: dict[str, Any]) -> int:
+    """Rows a scan read: returned plus filtered out, over every loop."""
+    loops = int(node.get("Actual Loops", 1))
+    kept = int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+    return kept * loops
+
+
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str) -> None:
+    q = queries("postgres")
+    params = {
+        "agents": ["a"],
+        "topic": "steptrail.Run.Claimed",
+        "state": b"{}",
+        "holder": "worker:planner",
+        "lease_ms": 60_000,
+        "limit": LIMIT,
+    }
+    with psycopg.connect(pg_fresh, autocommit=True) as conn:
+        _pg_fill(conn, state)
+        got: dict[str, Any] = {}
+        plans = _plans(conn, lambda: got.update(rows=conn.execute(q["claim"], params).fetchall()))
+    assert len(got["rows"]) == LIMIT
+    # The disabled steps' costs must not make the server compile the claim (jit = off).
+    assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
+    inner = _inner(plans, "SELECT picked.run_id")
+    scans = _scans_of_runs(inner)
+    assert [(n["Node Type"], n.get("Index Name")) for n in scans] == [
+        ("Index Scan", "steptrail_runs_queued_idx")
+    ]
+    assert _read(scans[0]) <= LIMIT  # not the backlog, nor the other agent's runs ahead
+    assert _buffers(inner) <= 4 * LIMIT + 20
+    assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") for n in _nodes(inner))
+    # The statement around it finds the picked runs by key, never by scanning.
+    outer = _inner(plans, "-- Take up to `limit` queued runs")
+    for node in _scans_of_runs(outer):
+        assert (node["Node Type"], node["Index Name"]) == ("Index Scan", "steptrail_runs_pkey")
+
+
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_claim__several_agents_still_one_batch_each(pg_fresh: str, state: str) -> None:
+    """A worker serving several agents walks each agent's runs for one batch at most."""
+    q = queries("postgres")
+    params = {
+        "agents": ["a", "other", "nobody"],
+        "topic": "steptrail.Run.Claimed",
+        "state": b"{}",
+        "holder": "worker:planner",
+        "lease_ms": 60_000,
+        "limit": LIMIT,
+    }
+    with psycopg.connect(pg_fresh, autocommit=True) as conn:
+        _pg_fill(conn, state)
+        got: dict[str, Any] = {}
+        plans = _plans(conn, lambda: got.update(rows=conn.execute(q["claim"], params).fetchall()))
+    # The other agent's runs became available first: they are the batch.
+    assert [row[1] for row in got["rows"]] == ["other"] * LIMIT  # (run_id, agent, ...)
+    inner = _inner(plans, "SELECT picked.run_id")
+    (scan,) = _scans_of_runs(inner)
+    assert scan["Index Name"] == "steptrail_runs_queued_idx"
+    assert _read(scan) <= 3 * LIMIT
+    assert _buffers(inner) <= 3 * (4 * LIMIT + 20)
+
+
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_reaper_scan_and_stale_count__walk_the_lease_index(pg_fresh: str, state: str) -> None:
+    q = queries("postgres")
+    with psycopg.connect(pg_fresh, autocommit=True) as conn:
+        _pg_fill(conn, state)
+        got: dict[str, Any] = {}
+
+        def run() -> None:
+            got["stale"] = conn.execute(q["select_stale"], {"limit": 100}).fetchall()
+            got["health"] = conn.execute(q["queue_health"], {}).fetchone()
+
+        plans = _plans(conn, run)
+    assert len(got["stale"]) == EXPIRED
+    assert got["health"][1] == EXPIRED
+    for marker in ("SELECT * FROM steptrail_runs", "SELECT count(*)"):
+        inner = _inner(plans, marker)
+        scans = _scans_of_runs(inner)
+        assert len(scans) == 1
+        assert scans[0]["Node Type"] in ("Index Scan", "Index Only Scan")
+        assert scans[0]["Index Name"] == "steptrail_runs_lease_idx"
+        assert _read(scans[0]) <= EXPIRED  # the stale runs, not every running one
+        assert _buffers(inner) <= EXPIRED + 20
+
+
+# -- SQLite ------------------------------------------------------------------------------------
+
+SQLITE_INSERT = """
+WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, requeue_count, doc,
+    available_at, lease_expires_at, created_at, updated_at
+)
+SELECT lower(hex(randomblob(16))), :agent, :status, 2, 0, '{}',
+       CASE WHEN :status = 'queued' THEN :now - :age_us + i * 1000 END,
+       CASE WHEN :status = 'running' THEN :now + :lease_us END,
+       :now, :now
+FROM g
+"""
+NOW_US = 1_800_000_000_000_000
+
+
+def _sqlite_db(tmp_path: Path, *, backlog: int, running: int, analysed: bool) -> sqlite3.Connection:
+    path = tmp_path / f"planner-{backlog}-{running}-{analysed}.db"
+    open_store(f"sqlite:///{path}").close()
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+
+    def insert(agent: str, status: str, n: int, *, age_s: int = 3600, lease_s: int = 600) -> None:
+        conn.execute(
+            SQLITE_INSERT,
+            {
+                "agent": agent,
+                "status": status,
+                "n": n,
+                "now": NOW_US,
+                "age_us": age_s * 1_000_000,
+                "lease_us": lease_s * 1_000_000,
+            },
+        )
+
+    insert("a", "completed", HISTORY if analysed else 1)
+    if analysed:
+        conn.execute("ANALYZE")  # nothing queued or running when analysed
+    insert("other", "queued", backlog, age_s=7200)
+    insert("a", "queued", backlog)
+    insert("a", "running", running)
+    insert("a", "running", EXPIRED, lease_s=-60)
+    conn.commit()
+    return conn
+
+
+def _steps(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> tuple[int, list[Any]]:
+    """Virtual machine instructions `sql` executes, and its rows."""
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+
+    conn.set_progress_handler(tick, 1)
+    try:
+        rows = conn.execute(sql, params).fetchall()
+    finally:
+        conn.set_progress_handler(None, 0)
+    return count[0], rows
+
+
+def _plan(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[str]:
+    return [r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+
+@pytest.mark.parametrize("analysed", [False, True], ids=["no-stats", "analysed"])
+def test_sqlite_claim_and_stale__name_their_index_and_never_sort(
+    tmp_path: Path, analysed: bool
+) -> None:
+    q = queries("sqlite")
+    conn = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=analysed)
+    claim = _plan(conn, q["claim"], {"agent": "a", "now": NOW_US, "limit": LIMIT})
+    assert any("steptrail_runs_queued_idx" in d for d in claim), claim
+    assert not any("TEMP B-TREE" in d for d in claim), claim
+    stale = _plan(conn, q["select_stale"], {"now": NOW_US, "limit": 100})
+    assert any("steptrail_runs_lease_idx" in d for d in stale), stale
+    assert not any("TEMP B-TREE" in d for d in stale), stale
+    health = _plan(conn, q["queue_health"], {"now": NOW_US})
+    assert any("steptrail_runs_lease_idx" in d for d in health), health
+
+
+def test_sqlite_claim_and_stale__cost_does_not_grow_with_the_backlog(tmp_path: Path) -> None:
+    """Ten times the queued and running runs: the same work per claim, reap scan and count."""
+    q = queries("sqlite")
+    small = _sqlite_db(tmp_path, backlog=500, running=200, analysed=False)
+    large = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=False)
+    cases = [
+        (q["claim"], {"agent": "a", "now": NOW_US, "limit": LIMIT}, LIMIT),
+        (q["select_stale"], {"now": NOW_US, "limit": 100}, EXPIRED),
+        (
+            "SELECT count(*) FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx "
+            "WHERE status = 'running' AND lease_expires_at < :now",
+            {"now": NOW_US},
+            1,
+        ),
+    ]
+    for sql, params, rows in cases:
+        few, got_few = _steps(small, sql, params)
+        many, got_many = _steps(large, sql, params)
+        assert len(got_few) == len(got_many) == rows
+        assert many <= few * 1.2 + 50, (sql[:60], few, many)
+    # The stale count really is the one queue_health runs.
+    assert "INDEXED BY steptrail_runs_lease_idx" in q["queue_health"]
