@@ -39,7 +39,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from steptrail.domain.enums import Outcome, Segment
-from steptrail.domain.run import Run, trace_id_of
+from steptrail.domain.run import Run
 from steptrail.workers.telemetry import (
     NO_STEP,
     CreationProbe,
@@ -58,6 +58,10 @@ ERROR_OUTCOMES = frozenset(
     {Outcome.FAILED, Outcome.LEASE_LOST, Outcome.SUSPEND_FAILED, Outcome.REQUEUED}
 )
 MAX_PAYLOAD_ATTRIBUTE = 4_096
+# GenAI semantic-convention operation of a step kind (others are steptrail's own).
+OPERATIONS = {"tool": "execute_tool", "llm": "chat"}
+# Keys of a model call's recorded payload that become GenAI attributes (`_genai_llm`).
+GENAI_KEYS = frozenset({"model", "provider", "input_tokens", "output_tokens", "finish_reason"})
 
 
 class Tracing(Telemetry):
@@ -96,7 +100,7 @@ class Tracing(Telemetry):
                 "steptrail.worker.id": state.holder or "",
             },
         )
-        return _SegmentSpan(self.tracer, span, attempt=state.requeue_count + 1)
+        return _SegmentSpan(self.tracer, span)
 
 
 class _Creation(CreationProbe):
@@ -134,6 +138,19 @@ class _StepSpan(StepProbe):
         span = self.span
         if not span.is_recording():
             return
+        payload = end.payload
+        if (
+            end.error_type is None
+            and not end.tokens
+            and not end.cost
+            and (
+                not payload or (payload.get("content_redacted") and GENAI_KEYS.isdisjoint(payload))
+            )
+        ):
+            # The common no-content step: one attribute. `set_attribute` skips the SDK's
+            # mapping checks that `set_attributes` pays per call (ADR 0045).
+            span.set_attribute("steptrail.step.outcome", "ok")
+            return
         # One call, one lock: the SDK cleans every attribute value it is given, so the
         # per-step cost is in how many there are (bench/observability.py).
         attributes: dict[str, Any] = {
@@ -143,7 +160,6 @@ class _StepSpan(StepProbe):
             attributes["steptrail.step.tokens"] = end.tokens
         if end.cost:
             attributes["steptrail.step.cost"] = end.cost
-        payload = end.payload
         # Below `redacted` the filter left counts and lengths only (and says so): nothing
         # worth a JSON attribute per step. Above, the payload is what the log holds.
         if payload and not payload.get("content_redacted"):
@@ -166,10 +182,9 @@ class _StepSpan(StepProbe):
 
 
 class _SegmentSpan(SegmentProbe):
-    def __init__(self, tracer: trace.Tracer, span: Span, *, attempt: int) -> None:
+    def __init__(self, tracer: trace.Tracer, span: Span) -> None:
         self.tracer = tracer
         self.span = span
-        self.attempt = attempt
         self.replayed = 0
         self.failure: tuple[str, str] | None = None
         self.cause: str | None = None
@@ -183,21 +198,23 @@ class _SegmentSpan(SegmentProbe):
         return lambda: otel_context.detach(token)
 
     def _step_span(self, kind: str, name: str, seq: int, *, replayed: bool) -> Span:
-        operation = {"tool": "execute_tool", "llm": "chat"}.get(kind, kind)
-        title = f"{operation} {name}"
+        # The SDK cleans every attribute it is given (about as much CPU per attribute as a
+        # tenth of the span itself): the run's id and attempt are on the segment, the
+        # step's parent, and are not repeated here (ADR 0045).
+        operation = OPERATIONS.get(kind)
         attributes: dict[str, Any] = {
             "steptrail.step.kind": kind,
             "steptrail.step.name": name,
             "steptrail.step.seq": seq,
             "steptrail.step.replayed": replayed,
-            "steptrail.run.attempt": self.attempt,
         }
-        if kind == "llm":
-            attributes["gen_ai.operation.name"] = "chat"
-        elif kind == "tool":
-            attributes["gen_ai.operation.name"] = "execute_tool"
-            attributes["gen_ai.tool.name"] = name
-        return self.tracer.start_span(title, context=self.context, attributes=attributes)
+        if operation is not None:
+            attributes["gen_ai.operation.name"] = operation
+            if kind == "tool":
+                attributes["gen_ai.tool.name"] = name
+        return self.tracer.start_span(
+            f"{operation or kind} {name}", context=self.context, attributes=attributes
+        )
 
     def step_started(self, kind: str, name: str, seq: int) -> StepProbe:
         if not self.recording:
@@ -232,6 +249,12 @@ class _SegmentSpan(SegmentProbe):
         span = self.span
         if span.is_recording():
             name = outcome.value if outcome is not None else "crashed"
+            if not self.replayed and self.cause is None and self.failure is None:
+                span.set_attribute("steptrail.outcome", name)  # the common case: one value
+                if outcome is None or outcome in ERROR_OUTCOMES:
+                    span.set_status(Status(StatusCode.ERROR, name))
+                span.end()
+                return
             attributes: dict[str, Any] = {"steptrail.outcome": name}
             if self.replayed:
                 attributes["steptrail.steps.replayed"] = self.replayed
@@ -273,18 +296,18 @@ def _parent_context(trace_parent: str | None) -> otel_context.Context | None:
     Parsed here rather than by the propagator: this runs for every segment, and the saved
     value was written by `_Creation` in the one W3C format.
     """
-    trace_id = trace_id_of(trace_parent)
-    if trace_id is None:
+    if trace_parent is None:
         return None
-    assert trace_parent is not None
-    _, _, span_hex, flags_hex = trace_parent.split("-")
+    parts = trace_parent.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
     try:
-        span_id, flags = int(span_hex, 16), int(flags_hex, 16)
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
     except ValueError:
         return None
-    parent = SpanContext(
-        trace_id=int(trace_id, 16), span_id=span_id, is_remote=True, trace_flags=TraceFlags(flags)
-    )
+    if not trace_id:
+        return None
+    parent = SpanContext(trace_id, span_id, True, TraceFlags(flags))
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.registry import CollectorRegistry
@@ -151,6 +152,7 @@ class WorkerMetrics(Telemetry):
         self._claim_hit = self.claim_duration.labels("runs")
         self._claim_empty = self.claim_duration.labels("empty")
         self._steps: dict[tuple[str, str, str], Histogram] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
 
     # -- Telemetry -------------------------------------------------------------------------------
@@ -159,15 +161,25 @@ class WorkerMetrics(Telemetry):
         (self._claim_hit if runs else self._claim_empty).observe(seconds)
         for item in runs:
             state = item.run.state
-            self.runs_claimed.labels(state.agent).inc()
+            self.child(self.runs_claimed, state.agent).inc()
             # Version 2 is Queued then this Claimed: the first claim (retries, reclaims and
             # released decisions come later and are not "enqueue to first claim").
             if item.age_s is not None and state.version == 2:
-                self.queue_wait.labels(state.agent).observe(item.age_s)
+                self.child(self.queue_wait, state.agent).observe(item.age_s)
 
     def segment_started(self, run: Run) -> SegmentProbe:
         self.in_flight.inc()
         return _SegmentMetrics(self, run.state.agent)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: the lookup costs a lock and label checks, and
+        these are called for every claim and segment (ADR 0045)."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            with self._lock:
+                found = self._children.setdefault(key, metric.labels(*labels))
+        return found
 
     def step_histogram(self, kind: str, name: str, outcome: str) -> Histogram:
         key = (kind, name, outcome)
@@ -215,7 +227,7 @@ class _SegmentMetrics(SegmentProbe):
     def ended(self, outcome: Outcome | None) -> None:
         m = self.metrics
         m.in_flight.dec()
-        m.segments.labels(self.agent, outcome.value if outcome else "crashed").inc()
+        m.child(m.segments, self.agent, outcome.value if outcome else "crashed").inc()
         if outcome is Outcome.REQUEUED and self.failure_class is not None:
             m.retries.labels(self.failure_class).inc()
 

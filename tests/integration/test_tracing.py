@@ -321,6 +321,12 @@ def test_trace__interactive_start_is_one_trace_under_the_caller(
     assert parent_id(segment) == start.context.span_id
     assert segment.kind is SpanKind.INTERNAL
     assert segment.attributes["steptrail.segment.kind"] == "interactive"
+    assert segment.attributes["steptrail.outcome"] == "completed"  # the one-value end
+    assert segment.attributes["steptrail.run.attempt"] == 1
     (step,) = [s for s in spans.values() if s.attributes.get("steptrail.step.kind") == "llm"]
     assert parent_id(step) == segment.context.span_id
+    # A no-content step ends with its outcome only; the attempt is on its parent (ADR 0045).
+    assert step.attributes["steptrail.step.outcome"] == "ok"
+    assert step.attributes["steptrail.step.replayed"] is False
+    assert "steptrail.run.attempt" not in step.attributes
     assert {s.context.trace_id for s in spans.values()} == {caller.get_span_context().trace_id}

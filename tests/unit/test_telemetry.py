@@ -230,3 +230,36 @@ print("OUT", loaded)
     assert lines[0] == "completed WorkerMetrics"
     assert lines[1].startswith("refused: tracing=on needs the OpenTelemetry API")
     assert lines[2] == "[]"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "garbage",
+        "00-" + "0" * 32 + "-00f067aa0ba902b7-01",  # the all-zero trace id is invalid
+        "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01",  # not hex
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902-01",  # short span id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+    ],
+)
+def test_parent_context__anything_but_a_traceparent_starts_no_parent(value: str | None) -> None:
+    """A saved value that is not a W3C traceparent continues nothing (the segment starts a
+    trace of its own) rather than failing the segment."""
+    from steptrail.tracing import _parent_context
+
+    assert _parent_context(value) is None
+
+
+def test_parent_context__continues_the_saved_trace() -> None:
+    from opentelemetry import trace
+
+    from steptrail.tracing import _parent_context
+
+    context = _parent_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    parent = trace.get_current_span(context).get_span_context()
+    assert format(parent.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert format(parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert parent.is_remote
+    assert parent.trace_flags.sampled
