@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from steptrail.domain.enums import RunStatus
-from steptrail.domain.run import RunEvent, RunState, apply
+from steptrail.domain.run import Run, RunEvent, RunState, apply
 
 # State fields stored as columns of the index; everything else is in the JSON document.
 COLUMN_FIELDS: tuple[str, ...] = (
@@ -43,6 +43,33 @@ def split_state(state: RunState) -> tuple[dict[str, Any], dict[str, Any]]:
     data = state.model_dump(mode="json")
     columns = {k: data.pop(k) for k in COLUMN_FIELDS}
     return columns, data
+
+
+# The document's fields, serialised straight to JSON text by pydantic-core in one call (the
+# append path writes it with every step; ADR 0039).
+_DOCUMENT_EXCLUDE = frozenset(COLUMN_FIELDS)
+
+
+def document_json(state: RunState) -> str:
+    """The JSON text of a state's document: the same content as `split_state`'s document."""
+    return state.model_dump_json(exclude=_DOCUMENT_EXCLUDE)  # type: ignore[arg-type]
+
+
+# Events whose fold changes no column of the index but `version`: a step, a pending-effect
+# marker, a lease renewal and a replay note change only the document (and, by the row rule
+# below, the lease and `updated_at`). An append of only these can rewrite just those parts of
+# the row, which keeps the status, agent and creation indexes out of its commit (ADR 0039).
+DOCUMENT_ONLY_EVENTS: tuple[type[RunEvent], ...] = (
+    Run.StepRecorded,
+    Run.EffectPending,
+    Run.LeaseRenewed,
+    Run.Replayed,
+)
+
+
+def document_only(events: Iterable[RunEvent]) -> bool:
+    """Whether folding `events` leaves every column of the index but `version` as it was."""
+    return all(type(e) in DOCUMENT_ONLY_EVENTS for e in events)
 
 
 def join_state(columns: Mapping[str, Any], document: Mapping[str, Any]) -> RunState:
