@@ -47,7 +47,13 @@ from steptrail.infrastructure.store_base import (
 )
 from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
 from steptrail.projections.custom import PurgeHook
-from steptrail.projections.run_index import RunRow, document_json, document_only, rebuild_rows
+from steptrail.projections.run_index import (
+    RunRow,
+    column_values,
+    document_json,
+    document_only,
+    rebuild_rows,
+)
 
 BUSY_TIMEOUT_SECONDS = 30
 # How long a writer waits for another process's turn on the database before it gives up as
@@ -552,9 +558,8 @@ class SQLiteRunStore(ClaimsOne):
         doc = document_json(state)
         params: dict[str, Any] | None = None
         if not lean:
-            params = state_params(state)
-            params["run_id"] = run_hex
-            params["doc"] = doc
+            params = column_values(state)
+            params.update(run_id=run_hex, doc=doc, retry_delay_ms=state.retry_delay_ms)
         journal = [
             (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
             for r in journal_rows(run)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 from uuid import UUID
 
@@ -43,6 +44,19 @@ def split_state(state: RunState) -> tuple[dict[str, Any], dict[str, Any]]:
     data = state.model_dump(mode="json")
     columns = {k: data.pop(k) for k in COLUMN_FIELDS}
     return columns, data
+
+
+def column_values(state: RunState) -> dict[str, Any]:
+    """The column values of a state, as `split_state` gives them, without dumping the rest."""
+    values: dict[str, Any] = {}
+    for field in COLUMN_FIELDS:
+        value = getattr(state, field)
+        if isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, UUID):
+            value = str(value)
+        values[field] = value
+    return values
 
 
 # The document's fields, serialised straight to JSON text by pydantic-core in one call (the

@@ -10,6 +10,7 @@ from steptrail.domain.run import Run
 from steptrail.projections.run_index import (
     COLUMN_FIELDS,
     DOCUMENT_ONLY_EVENTS,
+    column_values,
     document_json,
     document_only,
     split_state,
@@ -24,7 +25,7 @@ def running() -> Run:
 
 
 def test_document_json__same_content_as_split_state() -> None:
-    """The document written as JSON text in one call holds what split_state's document holds,
+    """The columns and the document (JSON text, one call) hold what split_state gives,
     for states with markers, waiting, decisions, failures and non-ASCII text."""
     run = running()
     run.mark_effect_pending(tool="send", effect=Effect.NON_IDEMPOTENT_WRITE)
@@ -40,6 +41,7 @@ def test_document_json__same_content_as_split_state() -> None:
     other.requeue(delay_ms=5, failure_class=FailureClass.RATE_LIMIT, error_type="Über")
     states.append(other.state)
     for state in states:
+        assert column_values(state) == split_state(state)[0]
         document = json.loads(document_json(state))
         assert document == split_state(state)[1]
         assert not set(document) & set(COLUMN_FIELDS)
