@@ -366,6 +366,7 @@ class SQLiteRunStore(ClaimsOne):
         writes). Writers of other processes take turns on an flock of a file beside the
         database first: a waiting process sleeps in the kernel and wakes the moment the lock
         is free, where SQLite's own busy handler would poll with sleeps of 1 to 100 ms.
+        Written out in one generator: every step's append comes through here (ADR 0039).
         """
         try:
             if self.path is None:
@@ -374,15 +375,34 @@ class SQLiteRunStore(ClaimsOne):
                     pooled.cursor() as cur,
                 ):
                     _configure(pooled, cur)
-                    yield from self._transaction(cur)
+                    cur.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield cur, self.now_us()
+                        cur.execute("COMMIT")
+                    except BaseException:
+                        with suppress(sqlite3.Error):
+                            cur.connection.rollback()
+                        raise
                 return
+            handover = self._handover_lock()
             if not self._writer_mutex.acquire(timeout=BUSY_TIMEOUT_SECONDS):
                 raise StoreUnavailable(
                     f"no turn to write to {self.path} within {BUSY_TIMEOUT_SECONDS} s"
                 )
             try:
-                with self._process_lock():
-                    yield from self._transaction(self._writer_cursor())
+                handover.acquire()
+                try:
+                    cur = self._writer or self._open_writer()
+                    cur.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield cur, self.now_us()
+                        cur.execute("COMMIT")
+                    except BaseException:
+                        with suppress(sqlite3.Error):
+                            cur.connection.rollback()
+                        raise
+                finally:
+                    handover.release()
             finally:
                 self._writer_mutex.release()
         except sqlite3.IntegrityError as e:
@@ -394,33 +414,20 @@ class SQLiteRunStore(ClaimsOne):
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
-    def _transaction(self, cur: sqlite3.Cursor) -> Iterator[tuple[sqlite3.Cursor, int]]:
-        """BEGIN IMMEDIATE on `cur`, yield it with the clock, COMMIT (ROLLBACK on error)."""
-        cur.execute("BEGIN IMMEDIATE")
+    def _open_writer(self) -> sqlite3.Cursor:
+        """Open this store's writer connection (a file database); the caller holds
+        `_writer_mutex`. One connection for every write, out of the pool: taking a pooled
+        connection and a cursor cost more than a step's SQL (ADR 0039)."""
+        conn = _connect(self.db_name, BUSY_TIMEOUT_SECONDS)
         try:
-            yield cur, self.now_us()
-            cur.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA secure_delete=ON")
         except BaseException:
-            with suppress(sqlite3.Error):
-                cur.connection.rollback()
+            conn.close()
             raise
-
-    def _writer_cursor(self) -> sqlite3.Cursor:
-        """The cursor of this store's writer connection (a file database), opened on the
-        first write; the caller holds `_writer_mutex`. One connection for every write, out
-        of the pool: taking a pooled connection and a cursor cost more than a step's SQL
-        (ADR 0039)."""
-        if self._writer is None:
-            conn = _connect(self.db_name, BUSY_TIMEOUT_SECONDS)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA foreign_keys=ON")
-                conn.execute("PRAGMA secure_delete=ON")
-            except BaseException:
-                conn.close()
-                raise
-            self._writer = conn.cursor()
+        self._writer = conn.cursor()
         return self._writer
 
     @contextmanager
@@ -431,11 +438,17 @@ class SQLiteRunStore(ClaimsOne):
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
-    def _writer_lock(self) -> int | None:
-        if self.path is None:
-            return None  # in-memory: one process only
+    def _handover_lock(self) -> _Handover:
+        """The writer-lock file's handover, opened on the first write (never by a reader: a
+        read-only database must serve every read, ADR 0021)."""
+        if self.read_only:
+            raise ReadOnlyStore(
+                f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
+            )
+        if self._handover is not None:
+            return self._handover
         with self._lock_open:
-            if self._lock_fd is None:
+            if self._handover is None:
                 try:
                     self._lock_fd = os.open(
                         f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600
@@ -443,24 +456,7 @@ class SQLiteRunStore(ClaimsOne):
                 except OSError as e:
                     raise ReadOnlyStore(f"cannot write to {self.path}: {e.strerror or e}") from e
                 self._handover = _Handover(self._lock_fd, self._handover_timeout)
-            return self._lock_fd
-
-    @contextmanager
-    def _process_lock(self) -> Iterator[None]:
-        if self.read_only:
-            raise ReadOnlyStore(
-                f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
-            )
-        if self._writer_lock() is None:
-            yield
-            return
-        handover = self._handover
-        assert handover is not None
-        handover.acquire()
-        try:
-            yield
-        finally:
-            handover.release()
+            return self._handover
 
     def close(self) -> None:
         with self._writer_mutex:
@@ -471,6 +467,7 @@ class SQLiteRunStore(ClaimsOne):
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+                self._handover = None
         self.datastore.close()
 
     # -- schema --------------------------------------------------------------------------------

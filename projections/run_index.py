@@ -51,22 +51,26 @@ def column_values(state: RunState) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for field in COLUMN_FIELDS:
         value = getattr(state, field)
-        if isinstance(value, Enum):
-            value = value.value
-        elif isinstance(value, UUID):
-            value = str(value)
+        if type(value) not in _PLAIN:
+            value = value.value if isinstance(value, Enum) else str(value)
         values[field] = value
     return values
 
 
+# Column values written as they are; the rest (enums, the UUID) become their JSON form.
+_PLAIN = frozenset({str, int, type(None)})
+
+
 # The document's fields, serialised straight to JSON text by pydantic-core in one call (the
-# append path writes it with every step; ADR 0039).
-_DOCUMENT_EXCLUDE = frozenset(COLUMN_FIELDS)
+# append path writes it with every step; ADR 0039). A set, not a frozenset: pydantic-core
+# takes a set as it is and converts anything else on every call.
+_DOCUMENT_EXCLUDE: set[str] = set(COLUMN_FIELDS)
+_STATE_SERIALIZER = RunState.__pydantic_serializer__
 
 
 def document_json(state: RunState) -> str:
     """The JSON text of a state's document: the same content as `split_state`'s document."""
-    return state.model_dump_json(exclude=_DOCUMENT_EXCLUDE)  # type: ignore[arg-type]
+    return _STATE_SERIALIZER.to_json(state, exclude=_DOCUMENT_EXCLUDE).decode()
 
 
 # Events whose fold changes no column of the index but `version`: a step, a pending-effect
