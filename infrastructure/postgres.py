@@ -50,6 +50,8 @@ from steptrail.projections.run_index import RunRow, column_values, document_json
 EVENTS_TABLE = "steptrail_events"
 # The journal's columns as the append queries name their parameters (j_<column>[s]).
 JOURNAL_COLUMNS = ("seq", "position", "kind", "name", "fingerprint", "outcome")
+# Not a migration file: the step `migrate` takes on a database restored from another server.
+RESTORED = "renumber_restored_log_positions"
 FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
 
@@ -138,17 +140,57 @@ class PostgresRunStore(ClaimsOne):
         """Apply missing migrations under an advisory lock (only those numbered `upto` or
         lower, if given); returns the names applied."""
         applied_now: list[str] = []
+        complete = True
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["migration_lock"])
             conn.execute(self.q["create_migrations_table"])
             done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
             for number, name, sql in migrations(self.backend):
-                if number in done or (upto is not None and number > upto):
+                if number in done:
+                    continue
+                if upto is not None and number > upto:
+                    complete = False
                     continue
                 conn.execute(sql.encode("utf-8"))  # migration text ships with steptrail
                 conn.execute(self.q["record_migration"], {"version": number, "name": name})
                 applied_now.append(f"{number:04d}_{name}")
+        if complete and self._renumber_restored():  # it reads tables of the whole schema
+            applied_now.append(RESTORED)
         return applied_now
+
+    def _restored(self, conn: psycopg.Connection[DictRow]) -> bool:
+        row = conn.execute(self.q["restored_positions"]).fetchone()
+        return bool(row and row["restored"])
+
+    def _renumber_restored(self) -> bool:
+        """Renumber the log's positions if the database was restored from another server
+        (ADR 0046); True if it did. Under the migration lock, so once for a fleet."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["migration_lock"])
+            if not self._restored(conn):
+                return False
+            conn.execute(self.q["restored_tx_map"])
+            row = conn.execute(self.q["restored_tx_count"]).fetchone()
+            assert row is not None  # an aggregate always returns its row
+            top = int(row["top"])
+            if int(row["next_tx"]) <= top:
+                # More transactions in the restored log than this server has run: use ids up
+                # first (outside this transaction: each must commit), then map again.
+                self._advance_tx_ids(top)
+            for name in (
+                "renumber_tracking",
+                "renumber_projection_failures",
+                "renumber_purged_events",
+                "renumber_events",
+            ):
+                conn.execute(self.q[name])
+        return True
+
+    def _advance_tx_ids(self, until: int) -> None:
+        query = pgsql.SQL(self.q["advance_tx_ids"]).format(until=pgsql.Literal(until))
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = off")
+            conn.execute(query)
 
     def pending_migrations(self) -> list[str]:
         with self._connection() as conn:
@@ -158,7 +200,12 @@ class PostgresRunStore(ClaimsOne):
             done: set[int] = set()
             if exists and exists["e"]:
                 done = {r["version"] for r in conn.execute(self.q["applied_migrations"])}
-        return [f"{n:04d}_{name}" for n, name, _ in migrations(self.backend) if n not in done]
+            pending = [
+                f"{n:04d}_{name}" for n, name, _ in migrations(self.backend) if n not in done
+            ]
+            if not pending and self._restored(conn):
+                pending.append(RESTORED)
+        return pending
 
     # -- writes --------------------------------------------------------------------------------
 

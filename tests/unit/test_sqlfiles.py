@@ -22,6 +22,19 @@ BACKEND_ONLY: dict[str, str] = {
     "lock_for_rebuild": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     "listen_queued": "PostgreSQL: SQLite has no LISTEN; its workers poll",
     "claim_rows": "SQLite: PostgreSQL's claim updates the rows in its one statement",
+    **dict.fromkeys(
+        (
+            "restored_positions",
+            "restored_tx_map",
+            "restored_tx_count",
+            "renumber_events",
+            "renumber_purged_events",
+            "renumber_tracking",
+            "renumber_projection_failures",
+            "advance_tx_ids",
+        ),
+        "PostgreSQL: a restored database's positions are the old server's (ADR 0046)",
+    ),
 }
 
 

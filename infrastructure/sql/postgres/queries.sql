@@ -272,11 +272,13 @@ SET failures = steptrail_tracking.failures + 1, last_error = EXCLUDED.last_error
 -- commit after a higher one, so the log is read by (inserting transaction, id), and only
 -- transactions older than the oldest one still running: none of those can still add a row,
 -- and every later transaction sorts after them. Gaps (rolled-back or purged ids) are passed.
+-- "Still running" counts only this database's writers of the log (ADR 0047).
+WITH horizon AS MATERIALIZED (SELECT steptrail_log_horizon() AS tx)
 SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
        recorded_at, topic, state
 FROM steptrail_events
 WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
-  AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+  AND tx_id < (SELECT tx FROM horizon)
 ORDER BY tx_id, notification_id
 LIMIT %(limit)s;
 -- name: max_notification_id
@@ -416,19 +418,21 @@ VACUUM steptrail_events, steptrail_runs, steptrail_saved,
 -- (select_notifications), merged with the positions of purged events, so a consumer passing
 -- a purged position is told so. One statement, so one snapshot: a purge committing meanwhile
 -- shows each position either as its event or as its marker, never neither. Each arm takes
--- its first `limit` rows by index, so only 2 x limit rows are ever sorted.
+-- its first `limit` rows by index, so only 2 x limit rows are ever sorted. Both arms use the
+-- one horizon (ADR 0047), read once.
+WITH horizon AS MATERIALIZED (SELECT steptrail_log_horizon() AS tx)
 (SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
         recorded_at, topic, state, NULL::timestamptz AS purged_at
  FROM steptrail_events
  WHERE (tx_id, notification_id) > (%(after_tx)s::bigint, %(after)s::bigint)
-   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+   AND tx_id < (SELECT tx FROM horizon)
  ORDER BY tx_id, notification_id
  LIMIT %(limit)s)
 UNION ALL
 (SELECT position, position_tx, run_id, version, NULL, NULL, NULL, purged_at
  FROM steptrail_purged_events
  WHERE (position_tx, position) > (%(after_tx)s::bigint, %(after)s::bigint)
-   AND position_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+   AND position_tx < (SELECT tx FROM horizon)
  ORDER BY position_tx, position
  LIMIT %(limit)s)
 ORDER BY tx_id, notification_id
@@ -547,3 +551,77 @@ SELECT recorded_at, state FROM steptrail_events
 WHERE topic = 'steptrail.Run.StepRecorded'
 ORDER BY notification_id DESC
 LIMIT %(limit)s;
+
+-- name: restored_positions
+-- A database restored from a dump onto another server (pg_dump/pg_restore, a move to a
+-- managed service) keeps the old server's transaction ids in the log's positions. Ids at or
+-- past this server's next one are from the future: the feed (which reads only transactions
+-- older than the oldest running one) would not see those events until the server's counter
+-- passed them, and would then order new events before them (ADR 0046). Returns how many
+-- distinct positive positions the log holds (the renumbering needs that many ids below
+-- the next one) and whether any is from the future. Cheap: index ranges from the top.
+SELECT
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_tx,
+    EXISTS (
+        SELECT 1 FROM steptrail_events
+        WHERE tx_id >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+    ) OR EXISTS (
+        SELECT 1 FROM steptrail_purged_events
+        WHERE position_tx >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+    ) OR EXISTS (
+        SELECT 1 FROM steptrail_tracking
+        WHERE position_tx >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+    ) OR EXISTS (
+        SELECT 1 FROM steptrail_projection_failures
+        WHERE position_tx >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+    ) AS restored;
+
+-- name: restored_tx_map
+-- Every position's transaction (log, purged positions, consumers' saved positions) mapped to
+-- its rank: the same order, in 1..D, so every position keeps its place relative to every
+-- other and all sort before any transaction this server will run (the caller makes sure
+-- the server's next id is above D first). 0 (events from before migration 0004) stays 0.
+CREATE TEMPORARY TABLE steptrail_tx_map ON COMMIT DROP AS
+SELECT tx AS old_tx, row_number() OVER (ORDER BY tx) AS new_tx
+FROM (
+    SELECT tx_id AS tx FROM steptrail_events WHERE tx_id > 0
+    UNION SELECT position_tx FROM steptrail_purged_events WHERE position_tx > 0
+    UNION SELECT position_tx FROM steptrail_tracking WHERE position_tx > 0
+    UNION SELECT position_tx FROM steptrail_projection_failures WHERE position_tx > 0
+) AS every_tx;
+
+-- name: restored_tx_count
+SELECT coalesce(max(new_tx), 0) AS top,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_tx
+FROM steptrail_tx_map;
+
+-- name: renumber_events
+UPDATE steptrail_events AS e SET tx_id = m.new_tx
+FROM steptrail_tx_map AS m WHERE e.tx_id = m.old_tx AND m.old_tx <> m.new_tx;
+
+-- name: renumber_purged_events
+UPDATE steptrail_purged_events AS p SET position_tx = m.new_tx
+FROM steptrail_tx_map AS m WHERE p.position_tx = m.old_tx AND m.old_tx <> m.new_tx;
+
+-- name: renumber_tracking
+UPDATE steptrail_tracking AS t SET position_tx = m.new_tx
+FROM steptrail_tx_map AS m WHERE t.position_tx = m.old_tx AND m.old_tx <> m.new_tx;
+
+-- name: renumber_projection_failures
+UPDATE steptrail_projection_failures AS f SET position_tx = m.new_tx
+FROM steptrail_tx_map AS m WHERE f.position_tx = m.old_tx AND m.old_tx <> m.new_tx;
+
+-- name: advance_tx_ids
+-- Use up transaction ids until the server's next one is past `until` (a restored log with
+-- more transactions than this server has run). Each iteration is a committed transaction
+-- that writes nothing; run on an autocommit connection with synchronous_commit off, so
+-- nothing waits for the disk. A million take seconds, not minutes. `{until}` is an integer
+-- literal put in by the caller (a DO block takes no parameters).
+DO $$
+BEGIN
+    WHILE pg_snapshot_xmax(pg_current_snapshot())::text::bigint <= {until} LOOP
+        PERFORM pg_current_xact_id();
+        COMMIT;
+    END LOOP;
+END
+$$;
