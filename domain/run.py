@@ -286,6 +286,9 @@ class Run:
                     if not (p.seq == self.seq and p.claim_version == s.claim_version)
                 )
             return s.evolve(
+                # The version too, in the same copy: this fold runs with every step, and
+                # `apply` leaves a version already advanced alone (one model copy, not two).
+                version=s.version + 1,
                 steps=self.seq,
                 pending_effects=pending,
                 # A "decision" step is the agent taking the decision it resumed with (ADR
@@ -938,11 +941,15 @@ def _check_lease(lease_ms: int) -> None:
 
 
 def apply(state: RunState | None, event: RunEvent) -> RunState:
-    """Fold one event: the event's own rule, then the version advances by one."""
+    """Fold one event: the event's own rule, then the version advances by one (unless the
+    rule advanced it already, as the step's does to save a copy)."""
     new = event.apply(state)
     if state is None:
         return new
-    return new.evolve(version=state.version + 1)
+    version = state.version + 1
+    if new.version == version:
+        return new
+    return new.evolve(version=version)
 
 
 def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:

@@ -47,9 +47,11 @@ from steptrail.infrastructure.store_base import (
 )
 from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
 from steptrail.projections.custom import PurgeHook
-from steptrail.projections.run_index import RunRow, rebuild_rows
+from steptrail.projections.run_index import RunRow, column_values, document_json, rebuild_rows
 
 EVENTS_TABLE = "steptrail_events"
+# The journal's columns as the append queries name their parameters (j_<column>[s]).
+JOURNAL_COLUMNS = ("seq", "position", "kind", "name", "fingerprint", "outcome")
 # Not a migration file: the step `migrate` takes on a database restored from another server.
 RESTORED = "renumber_restored_log_positions"
 FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
@@ -297,41 +299,63 @@ class PostgresRunStore(ClaimsOne):
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
         if not run.pending_events:
             return
-        params = self.append_params(run, resumable=resumable)
+        name, params = self.append_statement(run, resumable=resumable)
         with self._connection() as conn:
             if not (run.state.status.is_terminal and keeps_request(run.state)):
-                conn.execute(self.q["append"], params, prepare=True)
+                conn.execute(self.q[name], params, prepare=True)
             else:
                 # A failed settle (rare): the append with drop_saved off, then everything
                 # saved but the request, and the journal, in one transaction. Kept out of
                 # steptrail_append so that its one-round-trip hot path stays as it is.
                 with conn.transaction():
-                    conn.execute(self.q["append"], params, prepare=True)
+                    conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
+
+    def append_statement(
+        self, run: Run, *, resumable: bytes | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """The query (`append_one` for one event and at most one journal entry, else
+        `append`) and its parameters for `run`'s pending events and journal."""
+        pending = run.pending_events
+        journal = journal_rows(run)
+        if len(pending) > 1 or len(journal) > 1:
+            return "append", self.append_params(run, resumable=resumable)
+        params = self._append_common(run, resumable)
+        params["topic"], params["state"] = encode_event(pending[0])
+        entry = journal[0] if journal else dict.fromkeys(JOURNAL_COLUMNS)
+        for column in JOURNAL_COLUMNS:
+            params[f"j_{column}"] = entry[column]
+        return "append_one", params
 
     def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
         """The parameters of the `append` query for `run`'s pending events and journal."""
         events = encoded_events(run)
-        drop, notify = side_effects(run.state)
-        keep = drop and keeps_request(run.state)  # see `append`
         journal = journal_rows(run)
-        return {
-            **self._params(run),
-            "expected": run.committed_version,
-            "versions": [v for v, _, _ in events],
-            "topics": [t for _, t, _ in events],
-            "states": [s for _, _, s in events],
-            "resumable": resumable,
-            "drop_saved": drop and not keep,
-            "notify": notify,
-            "j_seqs": [j["seq"] for j in journal],
-            "j_positions": [j["position"] for j in journal],
-            "j_kinds": [j["kind"] for j in journal],
-            "j_names": [j["name"] for j in journal],
-            "j_fingerprints": [j["fingerprint"] for j in journal],
-            "j_outcomes": [j["outcome"] for j in journal],
-        }
+        params = self._append_common(run, resumable)
+        params["versions"] = [v for v, _, _ in events]
+        params["topics"] = [t for _, t, _ in events]
+        params["states"] = [s for _, _, s in events]
+        for column in JOURNAL_COLUMNS:
+            params[f"j_{column}s"] = [j[column] for j in journal]
+        return params
+
+    @staticmethod
+    def _append_common(run: Run, resumable: bytes | None) -> dict[str, Any]:
+        """What `append` and `append_one` share: the run's columns, its document as JSON
+        text (one pydantic-core call; psycopg's Jsonb would run json.dumps over a dict
+        model_dump built), the fence and the side effects."""
+        state = run.state
+        drop, notify = side_effects(state)
+        keep = drop and keeps_request(state)  # see `append`
+        params = column_values(state)
+        params["doc"] = document_json(state)
+        params["retry_delay_ms"] = state.retry_delay_ms
+        params["expected"] = run.committed_version
+        params["resumable"] = resumable
+        params["drop_saved"] = drop and not keep
+        params["notify"] = notify
+        return params
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

@@ -26,6 +26,7 @@ from uuid import UUID, uuid4
 from eventsourcing.persistence import InterfaceError, PersistenceError
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteDatastore
 
+from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
@@ -47,7 +48,13 @@ from steptrail.infrastructure.store_base import (
 )
 from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
 from steptrail.projections.custom import PurgeHook
-from steptrail.projections.run_index import RunRow, rebuild_rows
+from steptrail.projections.run_index import (
+    RunRow,
+    column_values,
+    document_json,
+    document_only,
+    rebuild_rows,
+)
 
 BUSY_TIMEOUT_SECONDS = 30
 # How long a writer waits for another process's turn on the database before it gives up as
@@ -243,6 +250,21 @@ class _Handover:
             self._cond.notify()
 
 
+def _connect(db_name: str, timeout: float) -> sqlite3.Connection:
+    """A connection as the store wants every one: autocommit (transactions are explicit),
+    rows by name, and a statement cache that holds every statement of a write."""
+    raw = sqlite3.connect(
+        database=db_name,
+        uri=True,
+        check_same_thread=False,
+        isolation_level=None,
+        cached_statements=STATEMENT_CACHE,
+        timeout=timeout,
+    )
+    raw.row_factory = sqlite3.Row
+    return raw
+
+
 def _cache_statements(pool: SQLiteConnectionPool) -> None:
     """Make the pool's new connections keep their prepared statements.
 
@@ -255,20 +277,12 @@ def _cache_statements(pool: SQLiteConnectionPool) -> None:
 
     def create() -> SQLiteConnection:
         try:
-            raw = sqlite3.connect(
-                database=pool.db_name,
-                uri=True,
-                check_same_thread=False,
-                isolation_level=None,
-                cached_statements=STATEMENT_CACHE,
-                timeout=pool.lock_timeout or BUSY_TIMEOUT_SECONDS,
-            )
+            raw = _connect(pool.db_name, pool.lock_timeout or BUSY_TIMEOUT_SECONDS)
         except (sqlite3.Error, TypeError) as e:
             raise InterfaceError(e) from e
         if not pool.is_sqlite_memory_mode and not pool.is_journal_mode_wal:
             raw.execute("PRAGMA journal_mode=WAL")
             pool.is_journal_mode_wal = True
-        raw.row_factory = sqlite3.Row
         return SQLiteConnection(sqlite_conn=raw, max_age=pool.max_age)
 
     pool._create_connection = create  # type: ignore[method-assign]
@@ -325,6 +339,9 @@ class SQLiteRunStore(ClaimsOne):
         self._lock_fd: int | None = None
         self._lock_open = threading.Lock()
         self._handover: _Handover | None = None
+        # The writer connection of a file database (see _write), and the turn to use it.
+        self._writer: sqlite3.Cursor | None = None
+        self._writer_mutex = threading.Lock()
         self._handover_timeout = handover_timeout
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
@@ -345,26 +362,50 @@ class SQLiteRunStore(ClaimsOne):
     def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
         """A cursor in an IMMEDIATE transaction, and the store's clock read inside it.
 
-        Writers of this process take turns on the pool's writer lock. Writers of other
-        processes take turns on an flock of a file beside the database first: a waiting
-        process sleeps in the kernel and wakes the moment the lock is free, where SQLite's
-        own busy handler would poll with sleeps of 1 to 100 ms.
+        Writers of this process take turns on one writer connection (a file database) or on
+        the pool's writer lock (an in-memory one, whose pool keeps readers out while it
+        writes). Writers of other processes take turns on an flock of a file beside the
+        database first: a waiting process sleeps in the kernel and wakes the moment the lock
+        is free, where SQLite's own busy handler would poll with sleeps of 1 to 100 ms.
+        Written out in one generator: every step's append comes through here (ADR 0039).
         """
         try:
-            with (
-                self.datastore.get_connection(commit=True) as conn,
-                self._process_lock(),
-                conn.cursor() as cur,
-            ):
-                _configure(conn, cur)
-                cur.execute("BEGIN IMMEDIATE")
+            if self.path is None:
+                with (
+                    self.datastore.get_connection(commit=True) as pooled,
+                    pooled.cursor() as cur,
+                ):
+                    _configure(pooled, cur)
+                    cur.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield cur, self.now_us()
+                        cur.execute("COMMIT")
+                    except BaseException:
+                        with suppress(sqlite3.Error):
+                            cur.connection.rollback()
+                        raise
+                return
+            handover = self._handover_lock()
+            if not self._writer_mutex.acquire(timeout=BUSY_TIMEOUT_SECONDS):
+                raise StoreUnavailable(
+                    f"no turn to write to {self.path} within {BUSY_TIMEOUT_SECONDS} s"
+                )
+            try:
+                handover.acquire()
                 try:
-                    yield cur, self.now_us()
-                    conn.commit()
-                except BaseException:
-                    with suppress(sqlite3.Error):
-                        conn.rollback()
-                    raise
+                    cur = self._writer or self._open_writer()
+                    cur.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield cur, self.now_us()
+                        cur.execute("COMMIT")
+                    except BaseException:
+                        with suppress(sqlite3.Error):
+                            cur.connection.rollback()
+                        raise
+                finally:
+                    handover.release()
+            finally:
+                self._writer_mutex.release()
         except sqlite3.IntegrityError as e:
             if "steptrail_events" in str(e):
                 raise VersionConflict("somebody appended to the run first") from e
@@ -374,6 +415,22 @@ class SQLiteRunStore(ClaimsOne):
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
+    def _open_writer(self) -> sqlite3.Cursor:
+        """Open this store's writer connection (a file database); the caller holds
+        `_writer_mutex`. One connection for every write, out of the pool: taking a pooled
+        connection and a cursor cost more than a step's SQL (ADR 0039)."""
+        conn = _connect(self.db_name, BUSY_TIMEOUT_SECONDS)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA secure_delete=ON")
+        except BaseException:
+            conn.close()
+            raise
+        self._writer = conn.cursor()
+        return self._writer
+
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Cursor]:
         try:
@@ -382,11 +439,17 @@ class SQLiteRunStore(ClaimsOne):
         except (sqlite3.OperationalError, PersistenceError) as e:
             raise StoreUnavailable(str(e)) from e
 
-    def _writer_lock(self) -> int | None:
-        if self.path is None:
-            return None  # in-memory: one process only
+    def _handover_lock(self) -> _Handover:
+        """The writer-lock file's handover, opened on the first write (never by a reader: a
+        read-only database must serve every read, ADR 0021)."""
+        if self.read_only:
+            raise ReadOnlyStore(
+                f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
+            )
+        if self._handover is not None:
+            return self._handover
         with self._lock_open:
-            if self._lock_fd is None:
+            if self._handover is None:
                 try:
                     self._lock_fd = os.open(
                         f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600
@@ -394,30 +457,18 @@ class SQLiteRunStore(ClaimsOne):
                 except OSError as e:
                     raise ReadOnlyStore(f"cannot write to {self.path}: {e.strerror or e}") from e
                 self._handover = _Handover(self._lock_fd, self._handover_timeout)
-            return self._lock_fd
-
-    @contextmanager
-    def _process_lock(self) -> Iterator[None]:
-        if self.read_only:
-            raise ReadOnlyStore(
-                f"{self.path} is open read-only (?mode=ro or not writable); nothing was written"
-            )
-        if self._writer_lock() is None:
-            yield
-            return
-        handover = self._handover
-        assert handover is not None
-        handover.acquire()
-        try:
-            yield
-        finally:
-            handover.release()
+            return self._handover
 
     def close(self) -> None:
+        with self._writer_mutex:
+            if self._writer is not None:
+                self._writer.connection.close()
+                self._writer = None
         with self._lock_open:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+                self._handover = None
         self.datastore.close()
 
     # -- schema --------------------------------------------------------------------------------
@@ -457,7 +508,7 @@ class SQLiteRunStore(ClaimsOne):
     def _params(run: Run, at: int) -> dict[str, Any]:
         params = state_params(run.state)
         params["run_id"] = run.id.hex
-        params["doc"] = json.dumps(params["doc"], separators=(",", ":"))
+        params["doc"] = document_json(run.state)
         params["at"] = at
         return params
 
@@ -565,25 +616,39 @@ class SQLiteRunStore(ClaimsOne):
         return len(runs)
 
     def append(self, run: Run, *, resumable: bytes | None = None) -> None:
-        if not run.pending_events:
+        pending = run.pending_events
+        if not pending:
             return
-        # Everything is encoded before the write lock is taken; inside it only SQL runs.
-        events = self._event_params(run, 0)
-        params = self._params(run, 0)
-        drop, _ = side_effects(run.state)
-        # Positional, not named: this statement runs with every step, and binding by name
-        # costs a lookup per column.
+        # Everything is encoded before the write lock is taken; inside it only SQL runs, and
+        # the statements that run with every step bind by position (ADR 0039).
+        state = run.state
         run_hex = run.id.hex
+        first = run.committed_version + 1
+        events = [(run_hex, first + i, *encode_event(e)) for i, e in enumerate(pending)]
+        drop, _ = side_effects(state)
+        lean = state.status is RunStatus.RUNNING and document_only(pending)
+        doc = document_json(state)
+        params: dict[str, Any] | None = None
+        if not lean:
+            params = column_values(state)
+            params.update(run_id=run_hex, doc=doc, retry_delay_ms=state.retry_delay_ms)
         journal = [
             (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
             for r in journal_rows(run)
         ]
         with self._write() as (cur, at):
-            for event in events:
-                event["at"] = at
-            params["at"] = at
-            cur.executemany(self.q["insert_events"], events)
-            cur.execute(self.q["update_run"], params)
+            if len(events) == 1:
+                cur.execute(self.q["append_event"], (*events[0], at))
+            else:
+                cur.executemany(self.q["append_event"], [(*e, at) for e in events])
+            if params is None:
+                cur.execute(
+                    self.q["update_run_document"],
+                    (state.version, doc, at, state.lease_ms, at, run_hex),
+                )
+            else:
+                params["at"] = at
+                cur.execute(self.q["update_run"], params)
             if len(journal) == 1:
                 cur.execute(self.q["insert_journal"], journal[0])
             elif journal:
@@ -591,12 +656,12 @@ class SQLiteRunStore(ClaimsOne):
             if resumable is not None:
                 cur.execute(
                     self.q["put_saved"],
-                    {"run_id": run.id.hex, "kind": RESUMABLE, "body": resumable},
+                    {"run_id": run_hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                name = "drop_saved_but_request" if keeps_request(run.state) else "drop_saved"
-                cur.execute(self.q[name], {"run_id": run.id.hex})
-                cur.execute(self.q["drop_journal"], {"run_id": run.id.hex})
+                name = "drop_saved_but_request" if keeps_request(state) else "drop_saved"
+                cur.execute(self.q[name], {"run_id": run_hex})
+                cur.execute(self.q["drop_journal"], {"run_id": run_hex})
         run.mark_committed()
         self._wake_if_queued(run)
 
@@ -835,7 +900,11 @@ class SQLiteRunStore(ClaimsOne):
 
     def after_purge(self) -> None:
         """Fold the WAL back into the database so deleted content leaves the WAL file too."""
-        with self.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:
+        with (
+            self._writer_mutex,
+            self.datastore.get_connection(commit=True) as conn,
+            conn.cursor() as cur,
+        ):
             cur.execute(self.q["after_purge"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 from uuid import UUID
 
 from steptrail.domain.enums import RunStatus
-from steptrail.domain.run import RunEvent, RunState, apply
+from steptrail.domain.run import Run, RunEvent, RunState, apply
 
 # State fields stored as columns of the index; everything else is in the JSON document.
 COLUMN_FIELDS: tuple[str, ...] = (
@@ -43,6 +44,50 @@ def split_state(state: RunState) -> tuple[dict[str, Any], dict[str, Any]]:
     data = state.model_dump(mode="json")
     columns = {k: data.pop(k) for k in COLUMN_FIELDS}
     return columns, data
+
+
+def column_values(state: RunState) -> dict[str, Any]:
+    """The column values of a state, as `split_state` gives them, without dumping the rest."""
+    values: dict[str, Any] = {}
+    for field in COLUMN_FIELDS:
+        value = getattr(state, field)
+        if type(value) not in _PLAIN:
+            value = value.value if isinstance(value, Enum) else str(value)
+        values[field] = value
+    return values
+
+
+# Column values written as they are; the rest (enums, the UUID) become their JSON form.
+_PLAIN = frozenset({str, int, type(None)})
+
+
+# The document's fields, serialised straight to JSON text by pydantic-core in one call (the
+# append path writes it with every step; ADR 0039). A set, not a frozenset: pydantic-core
+# takes a set as it is and converts anything else on every call.
+_DOCUMENT_EXCLUDE: set[str] = set(COLUMN_FIELDS)
+_STATE_SERIALIZER = RunState.__pydantic_serializer__
+
+
+def document_json(state: RunState) -> str:
+    """The JSON text of a state's document: the same content as `split_state`'s document."""
+    return _STATE_SERIALIZER.to_json(state, exclude=_DOCUMENT_EXCLUDE).decode()
+
+
+# Events whose fold changes no column of the index but `version`: a step, a pending-effect
+# marker, a lease renewal and a replay note change only the document (and, by the row rule
+# below, the lease and `updated_at`). An append of only these can rewrite just those parts of
+# the row, which keeps the status, agent and creation indexes out of its commit (ADR 0039).
+DOCUMENT_ONLY_EVENTS: tuple[type[RunEvent], ...] = (
+    Run.StepRecorded,
+    Run.EffectPending,
+    Run.LeaseRenewed,
+    Run.Replayed,
+)
+
+
+def document_only(events: Iterable[RunEvent]) -> bool:
+    """Whether folding `events` leaves every column of the index but `version` as it was."""
+    return all(type(e) in DOCUMENT_ONLY_EVENTS for e in events)
 
 
 def join_state(columns: Mapping[str, Any], document: Mapping[str, Any]) -> RunState:

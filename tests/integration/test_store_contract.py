@@ -170,6 +170,37 @@ def test_index__rebuild_from_log_equals_live(store: Any) -> None:
         assert normalise(rebuilt) == normalise(row)
 
 
+def test_index__document_only_appends_equal_the_rebuild(store: Any) -> None:
+    """Appends of steps, markers, renewals and replay notes (which rewrite only the version,
+    document and lease of the row on SQLite, ADR 0039) leave the row equal to its rebuild,
+    lease included, and a later settle still updates every column."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    run.mark_effect_pending(tool="send", effect=Effect.NON_IDEMPOTENT_WRITE)
+    store.append(run)
+    run.record_step(kind="tool", name="send", duration_ms=1, tokens=2, cost=0.5)
+    run.renew_lease()
+    store.append(run)
+    run.record_replay(count=1, last_seq=1)
+    run.record_step(kind="llm", name="two", duration_ms=1)
+    store.append(run)
+
+    def check(expected: RunStatus) -> None:
+        row = store.row(run.id)
+        assert row.state == run.state
+        assert row.status is expected
+        history = store.history(run.id)
+        rebuilt = rebuild_row((h.event, h.recorded_at) for h in history)
+        assert rebuilt is not None
+        assert normalise(rebuilt) == normalise(row)
+        assert (row.lease_expires_at is None) is (expected is RunStatus.COMPLETED)
+
+    check(RunStatus.RUNNING)
+    run.complete(result={})
+    store.append(run)
+    check(RunStatus.COMPLETED)
+
+
 def test_migrate__idempotent(store: Any) -> None:
     """Migrating an up-to-date database applies nothing and reports nothing pending."""
     assert store.pending_migrations() == []

@@ -44,6 +44,7 @@ from steptrail.domain.enums import (
 )
 from steptrail.domain.errors import DigestMismatch, IllegalTransition
 from steptrail.domain.run import Run, RunEvent
+from steptrail.projections.run_index import COLUMN_FIELDS, document_only
 
 WORKERS = ("worker:host-a:1:aaaa", "worker:host-b:2:bbbb")
 RESUMERS = ("resume:host-a:3:cccc", "resume:host-c:4:dddd")
@@ -169,6 +170,14 @@ class RunMachine(RuleBasedStateMachine):
         result = command(run)
         new = list(run.pending_events[already:])
         assert [type(e) for e in new] == [event]
+        if document_only(new):
+            # The SQLite append rewrites only version, document and lease for these (ADR
+            # 0039): every other column of the index must be what it was.
+            columns = [f for f in COLUMN_FIELDS if f != "version"]
+            assert [getattr(run.state, f) for f in columns] == [
+                getattr(before[0], f) for f in columns
+            ]
+            assert run.state.status is RunStatus.RUNNING
         self.events.extend(new)
         self.model.version += 1
         update(result)

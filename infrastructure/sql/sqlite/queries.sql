@@ -25,6 +25,12 @@ VALUES (:version, :name, :at);
 INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
 VALUES (:id, :version, :topic, :state, :at);
 
+-- name: append_event
+-- SQLite only: insert_events for the append path, with positional parameters in this column
+-- order (binding by name costs a lookup per column, on every step).
+INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
+VALUES (?, ?, ?, ?, ?);
+
 -- name: insert_run
 -- SQLite: the idempotency key is checked by select_run_by_key inside the same IMMEDIATE
 -- transaction before this runs, so no ON CONFLICT trickery is needed.
@@ -67,6 +73,20 @@ UPDATE steptrail_runs SET
         ELSE :at + :retry_delay_ms * 1000 END,
     updated_at = :at
 WHERE run_id = :run_id;
+
+-- name: update_run_document
+-- SQLite only: update_run for an append whose events change no column but the version (a
+-- step, a pending-effect marker, a lease renewal, a replay note on a running run;
+-- run_index.DOCUMENT_ONLY_EVENTS). Setting only what changes keeps the indexes on the other
+-- columns (status, agent, created_at, claimable) out of the commit: SQLite rewrites every
+-- index on a column an UPDATE sets, changed or not. The lease restarts from :at, as in
+-- update_run. Positional: (version, doc, at, lease_ms, at, run_id).
+UPDATE steptrail_runs SET
+    version = ?,
+    doc = ?,
+    lease_expires_at = ? + ? * 1000,
+    updated_at = ?
+WHERE run_id = ?;
 
 -- name: put_saved
 INSERT INTO steptrail_saved (run_id, kind, body) VALUES (:run_id, :kind, :body)
