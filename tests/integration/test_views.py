@@ -421,10 +421,18 @@ def test_verify__no_false_drift_while_workers_write(store: Any) -> None:
     for w in writers:
         w.start()
     try:
+        # Verify at least 15 times and until the writers have written meanwhile (a loaded
+        # machine may schedule them late); bounded.
         reports = [maintenance.verify_index(store) for _ in range(15)]
+        deadline = time.monotonic() + 30
+        while (
+            sum(len(store.history(r.id)) for r in runs) <= 4 * 2 + 15
+            and time.monotonic() < deadline
+        ):
+            reports.append(maintenance.verify_index(store))
     finally:
         stop.set()
         for w in writers:
             w.join(10)
     assert sum(len(store.history(r.id)) for r in runs) > 4 * 2 + 15  # they did write
-    assert reports == [[]] * 15
+    assert reports == [[]] * len(reports)
