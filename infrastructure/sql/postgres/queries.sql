@@ -251,6 +251,14 @@ FROM steptrail_events
 WHERE originator_id = %(run_id)s
 ORDER BY originator_version;
 
+-- name: select_history_page
+-- Part of a run's trail (`show`/`audit --from N --limit K`): a range of the primary key.
+SELECT originator_version AS version, recorded_at, topic, state, notification_id
+FROM steptrail_events
+WHERE originator_id = %(run_id)s AND originator_version >= %(first)s
+ORDER BY originator_version
+LIMIT %(limit)s;
+
 -- name: select_log
 -- Every event of every run, run by run, for rebuilding the run index.
 SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
@@ -258,12 +266,36 @@ FROM steptrail_events
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
--- The inbox and `steptrail runs`: newest first, every filter optional.
+-- The inbox and `steptrail runs`: newest first, keyset-paged on (created_at, run_id) below
+-- the key given (the first page passes a key above every row). Without a status the walk is
+-- along the creation index (ADR 0042); with one, one of the two queries below.
 SELECT * FROM steptrail_runs
-WHERE (%(status)s::text IS NULL OR status = %(status)s)
+WHERE (created_at, run_id) < (%(before_at)s, %(before_id)s)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
-ORDER BY created_at DESC, run_id
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: select_runs_status
+-- A status other than running: a backward walk of that status's slice of the partial
+-- status index, which stops after the page (migration 0016). `status <> 'running'` is
+-- spelled out so that the planner can prove the partial index applies.
+SELECT * FROM steptrail_runs
+WHERE status = %(status)s AND status <> 'running'
+  AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: select_runs_running
+-- Running runs (as many as workers hold, not the history), then ordered.
+SELECT * FROM steptrail_runs
+WHERE status = 'running'
+  AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
 -- name: select_failed_runs
@@ -409,8 +441,9 @@ SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
 ORDER BY agent, status;
 
 -- name: select_reason_counts
-SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
-WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
+-- Kept by a trigger on the summaries (migration 0016, ADR 0042).
+SELECT status, reason, count FROM steptrail_view_reason_counts WHERE count <> 0
+ORDER BY status, reason;
 
 -- name: select_dead_letters
 SELECT * FROM steptrail_view_dead_letters
@@ -425,10 +458,11 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
 
 -- name: queue_health
--- Live figures from the run index (not a view): the oldest queued run and expired leases
--- (counted along the lease index by steptrail_stale_count, ADR 0037).
+-- Live figures from the run index (not a view): the oldest queued run (the first entry of
+-- the queued-since index, ADR 0042) and expired leases (counted along the lease index by
+-- steptrail_stale_count, ADR 0037).
 SELECT
-    (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
+    steptrail_oldest_queued() AS oldest_queued_at,
     steptrail_stale_count() AS stale_leases,
     now() AS now;
 
