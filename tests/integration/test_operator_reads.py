@@ -20,6 +20,7 @@ from steptrail.domain.enums import RunStatus
 from steptrail.infrastructure.sqlfiles import queries
 from steptrail.runtime import Runtime
 from tests.conftest import make_runtime
+from tests.integration.test_upgrade import catch_up, upgraded  # noqa: F401 - a fixture
 
 
 def mixed_history(rt: Runtime) -> dict[str, list[UUID]]:
@@ -86,6 +87,22 @@ def test_reason_counts__follow_a_purge(db_url: str) -> None:
         assert sum(rt.views.reason_counts().values()) < sum(before.values())
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("upgraded", [9], indirect=True, ids=lambda v: f"schema{v}")
+def test_reason_counts__filled_by_the_migration(upgraded: Runtime) -> None:  # noqa: F811
+    """A database from before migration 0016 gets its counts from the summaries it holds,
+    and they stay exact as the views catch up and new runs end."""
+    rt = upgraded
+    before = rt.views.reason_counts()
+    assert before
+    assert before == recount(rt)
+    catch_up(rt)
+    rt.enqueue("scripted", {"steps": 1})
+    rt.work(burst=True)
+    rt.project()
+    assert rt.views.reason_counts() == recount(rt)
+    assert rt.verify() == []
 
 
 def _age_every_run(rt: Runtime, *, days: int) -> None:
