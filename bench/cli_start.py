@@ -9,8 +9,13 @@ time, next to `python -c pass` (the interpreter's own floor) measured in the sam
   views up and printing: what a command costs beyond its start)
 - `python -c "import steptrail"`
 
+With `--compare PYTHON` (another checkout's interpreter, e.g. main's `.venv/bin/python`) every
+command also runs under that interpreter, interleaved with this one's, and the table adds the
+ratio of the two (the same load for both).
+
     python bench/cli_start.py                   # 15 of each
     python bench/cli_start.py --repeat 31 --json out.json
+    python bench/cli_start.py --compare ../main/.venv/bin/python
 """
 
 from __future__ import annotations
@@ -26,21 +31,28 @@ import time
 from pathlib import Path
 
 
-def median_wall(argv: list[str], env: dict[str, str], repeat: int) -> float:
-    times = []
+def wall(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - started
+
+
+def medians(variants: list[list[str]], env: dict[str, str], repeat: int) -> list[float]:
+    """The median wall time of each command line, the variants interleaved run by run."""
+    times: list[list[float]] = [[] for _ in variants]
     for _ in range(repeat):
-        started = time.perf_counter()
-        subprocess.run(
-            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
-        )
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for i, argv in enumerate(variants):
+            times[i].append(wall(argv, env))
+    return [statistics.median(t) for t in times]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--json", metavar="FILE", help="Also write the figures as JSON.")
+    parser.add_argument(
+        "--compare", metavar="PYTHON", help="Also time every command under this interpreter."
+    )
     cfg = parser.parse_args()
     python = sys.executable
     steptrail = [python, "-m", "steptrail"]
@@ -64,18 +76,45 @@ def main() -> int:
             "steptrail stats --help": [*steptrail, "stats", "--help"],
             "steptrail stats (small SQLite db)": [*steptrail, "stats"],
         }
-        for argv in cases.values():  # warm the file cache and the bytecode
-            subprocess.run(argv, env=env, capture_output=True, check=True)
-        figures = {name: median_wall(argv, env, cfg.repeat) for name, argv in cases.items()}
+        load = os.getloadavg()
+        figures: dict[str, float] = {}
+        compared: dict[str, float] = {}
+        for name, argv in cases.items():
+            variants = [argv]
+            if cfg.compare:
+                variants.append([cfg.compare, *argv[1:]])
+            for variant in variants:  # warm the file cache and the bytecode
+                subprocess.run(variant, env=env, capture_output=True, check=True)
+            found = medians(variants, env, cfg.repeat)
+            figures[name] = found[0]
+            if cfg.compare:
+                compared[name] = found[1]
+    end = os.getloadavg()
     floor = figures["python -c pass"]
-    load = os.getloadavg()
-    print(f"median of {cfg.repeat} starts; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"{'command':<36} {'seconds':>8} {'- python':>9} {'x python':>9}")
+    print(
+        f"median of {cfg.repeat} starts; load average {load[0]:.2f} at the start, "
+        f"{end[0]:.2f} at the end"
+    )
+    head = f"{'command':<36} {'seconds':>8} {'- python':>9} {'x python':>9}"
+    if cfg.compare:
+        head += f" {'compared':>9} {'this/that':>9}"
+    print(head)
     for name, seconds in figures.items():
-        print(f"{name:<36} {seconds:>8.3f} {seconds - floor:>9.3f} {seconds / floor:>8.1f}x")
+        line = f"{name:<36} {seconds:>8.3f} {seconds - floor:>9.3f} {seconds / floor:>8.1f}x"
+        if cfg.compare:
+            line += f" {compared[name]:>9.3f} {seconds / compared[name]:>8.2f}x"
+        print(line)
     if cfg.json:
         Path(cfg.json).write_text(
-            json.dumps({"repeat": cfg.repeat, "loadavg": load, "seconds": figures}, indent=2)
+            json.dumps(
+                {
+                    "repeat": cfg.repeat,
+                    "loadavg": {"start": load, "end": end},
+                    "seconds": figures,
+                    "compared": {"python": cfg.compare, "seconds": compared},
+                },
+                indent=2,
+            )
         )
     return 0
 

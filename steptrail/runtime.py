@@ -30,7 +30,6 @@ from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.feed import FeedEntry, read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
-from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.projection_store import (
     ProjectionStore,
     TrackedStatus,
@@ -57,6 +56,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from prometheus_client.registry import CollectorRegistry
 
+    from steptrail.infrastructure.postgres import PostgresRunStore
     from steptrail.worker_metrics import WorkerMetrics
 
 CANCEL_ATTEMPTS = 20

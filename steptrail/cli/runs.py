@@ -454,8 +454,7 @@ def runs(
         typer.Option(
             "--before",
             metavar="RUN_ID",
-            help="The next page: runs created before this one (the last run of the "
-            "previous page).",
+            help="The next page: runs created before this one (the last run of the previous page).",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

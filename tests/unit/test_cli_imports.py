@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,13 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         steptrail.no_such_name  # noqa: B018
     with pytest.raises(ImportError):
         from steptrail import no_such_name  # type: ignore[attr-defined]  # noqa: F401
+
+
+def test_a_command_on_sqlite_does_not_import_the_postgresql_driver(tmp_path: Path) -> None:
+    """`stats` on a SQLite database opens the runtime (the probe sees it) but never psycopg
+    or the PostgreSQL store: they are imported when a PostgreSQL URL is opened."""
+    url = f"sqlite:///{tmp_path / 'small.db'}"
+    loaded = cli_loads("--database-url", url, "stats")
+    assert "steptrail.runtime" in loaded
+    assert [m for m in loaded if m.split(".")[0] == "psycopg"] == []
+    assert "steptrail.infrastructure.postgres" not in loaded
