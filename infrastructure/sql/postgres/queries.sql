@@ -178,43 +178,23 @@ DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 -- serialised by the caller; the column updates are the Claimed fold (Run.Claimed.apply),
 -- which the rebuild tests check.
 --
--- Two instants, on purpose (ADR 0016). Which runs are available is judged at the statement's
--- start (now()); the lease starts at `clock`, read once when the statement first needs it,
--- which is after every table lock the statement takes (they are all taken before it runs)
--- and SKIP LOCKED never waits on a row: a claim that queued behind a rebuild still gets a
--- whole lease. Judging availability at the start is also what keeps a multi-row claim's
--- events in reading order (ADR 0018): a row re-checked after somebody changed it passes
--- only if it is still queued and was available before this statement began, and every
--- change to a queued run either leaves it not queued or makes it available later than that.
--- steptrail_claimable (migration 0010) picks and locks the runs along the per-agent claim
--- index whatever the statistics say (ADR 0037).
-WITH clock AS MATERIALIZED (
-    SELECT clock_timestamp() AS at
-), picked AS (
-    SELECT run_id, version FROM steptrail_claimable(%(agents)s::text[], %(limit)s::integer)
-), claimed_event AS (
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
-    SELECT run_id, version + 1, %(topic)s, %(state)s, clock.at FROM picked, clock
-    RETURNING originator_id, originator_version, recorded_at
-), claimed AS (
-    UPDATE steptrail_runs AS r SET
-        status = 'running',
-        version = e.originator_version,
-        segment = 'worker',
-        holder = %(holder)s,
-        lease_ms = %(lease_ms)s,
-        claim_version = e.originator_version,
-        lease_expires_at = e.recorded_at + %(lease_ms)s::bigint * interval '1 millisecond',
-        available_at = NULL,
-        updated_at = e.recorded_at
-    FROM claimed_event AS e
-    WHERE r.run_id = e.originator_id
-    RETURNING r.*
-)
-SELECT c.*, s.body AS request
-FROM claimed AS c
-LEFT JOIN steptrail_saved AS s ON s.run_id = c.run_id AND s.kind = 'request'
-ORDER BY c.available_at NULLS FIRST, c.run_id;
+-- Two instants, on purpose (ADR 0016). Which runs are available is judged at the
+-- transaction's start (now()); the lease starts at clock_timestamp(), read once when the
+-- claim first needs it, which is after every table lock it takes, and SKIP LOCKED never
+-- waits on a row: a claim that queued behind a rebuild still gets a whole lease. Judging
+-- availability at the start is also what keeps a multi-row claim's events in reading order
+-- (ADR 0018): a row re-checked after somebody changed it passes only if it is still queued
+-- and was available before this claim began, and every change to a queued run either leaves
+-- it not queued or makes it available later than that.
+-- steptrail_claim (migration 0018) does all of it in one statement, so the lock pass and the
+-- writes share one snapshot (ADR 0048), and walks the per-agent claim index whatever the
+-- statistics say (ADR 0037).
+SELECT (c.run).*, c.request
+FROM steptrail_claim(
+    %(agents)s::text[], %(limit)s::integer, %(topic)s::text, %(state)s::bytea, %(holder)s::text,
+    %(lease_ms)s::bigint
+) AS c
+ORDER BY (c.run).run_id;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 
