@@ -11,6 +11,9 @@ settled runs, built with bench/scale.py's bulk loader, ADR 0044), plus one long 
   the median of `--repeat`;
 - `show --all` of the long run (the whole trail drawn as a table), once, for reference.
 
+- the same reads without the command line: each query alone, in this process (the median of
+  50 calls; not measured with `--baseline`).
+
 Then a table per backend: each figure at each size and the ratio largest / smallest size
 (the target: ≤ 1.5 for every read; `show` of a 5,000-step run ≤ 0.5 s).
 
@@ -122,8 +125,34 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
         figures["audit_long_s"] = timed(
             ["audit", str(long), "--at", str(cfg.steps // 2)], env, r, cfg.baseline
         )
+        if not cfg.baseline:
+            figures.update(queries(rt, long, failed_page[-1].run_id, cfg.steps))
         figures["show_long_all_s"] = timed(["show", str(long), "--all"], env, 1, cfg.baseline)
     return figures
+
+
+def queries(rt: Runtime, long: UUID, before: UUID, steps: int) -> dict[str, float]:
+    """The reads alone, in this process (no command line, no runtime to open): the median
+    of 50 calls each, in milliseconds. Less noisy than a whole command on a shared machine."""
+
+    def ms(call: Callable[[], object]) -> float:
+        times = []
+        for _ in range(50):
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+        return 1000 * statistics.median(times)
+
+    views = rt.views
+    return {
+        "q_counts_ms": ms(lambda: (views.status_counts(), views.reason_counts())),
+        "q_health_ms": ms(views.health),
+        "q_runs_ms": ms(lambda: rt.runs(limit=50)),
+        "q_runs_failed_ms": ms(lambda: rt.runs(status="failed", limit=50)),
+        "q_runs_failed_next_ms": ms(lambda: rt.runs(status="failed", limit=10, before=before)),
+        "q_runs_queued_ms": ms(lambda: rt.runs(status="queued", limit=50)),
+        "q_trail_page_ms": ms(lambda: rt.history(long, first=steps - 99, limit=100)),
+    }
 
 
 ROWS = [
@@ -139,6 +168,13 @@ ROWS = [
     ("show_long_json_s", "show --json, the long run, whole (s)", "{:.3f}", None),
     ("audit_long_s", "audit --at mid-run, the long run (s)", "{:.3f}", "≤ 1.5"),
     ("show_long_all_s", "show --all, the long run, drawn (s)", "{:.2f}", None),
+    ("q_counts_ms", "query: status + reason counts (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_health_ms", "query: oldest queued + stale leases (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_runs_ms", "query: runs, 50 (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_runs_failed_ms", "query: runs failed, 50 (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_runs_failed_next_ms", "query: runs failed, next 10 (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_runs_queued_ms", "query: runs queued, 20 (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_trail_page_ms", "query: 100 events of the long run (ms)", "{:.2f}", "≤ 1.5"),
 ]
 
 
