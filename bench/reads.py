@@ -97,7 +97,8 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
         if url.startswith("postgres"):
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("ANALYZE")  # what autovacuum does after a bulk load
-        settled = rt.runs(status="completed", limit=1)[0].run_id
+        # The newest completed run is the long one (loaded last): show the one before it.
+        settled = next(r.run_id for r in rt.runs(status="completed", limit=2) if r.run_id != long)
         failed_page = rt.runs(status="failed", limit=10)
         say(f"{rt.backend} {size:,}: reads")
         r = cfg.repeat
