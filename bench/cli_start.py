@@ -56,7 +56,11 @@ def main() -> int:
     cfg = parser.parse_args()
     python = sys.executable
     steptrail = [python, "-m", "steptrail"]
+    out = Path(cfg.json).resolve() if cfg.json else None  # before the chdir below
     with tempfile.TemporaryDirectory() as folder:
+        # `python -m` puts the working directory first on sys.path: run from an empty one, so
+        # that each interpreter imports its own checkout's steptrail, not this folder's.
+        os.chdir(folder)
         url = f"sqlite:///{Path(folder) / 'small.db'}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
         env.update(STEPTRAIL_DATABASE_URL=url, STEPTRAIL_LOG_LEVEL="warning")
@@ -104,8 +108,8 @@ def main() -> int:
         if cfg.compare:
             line += f" {compared[name]:>9.3f} {seconds / compared[name]:>8.2f}x"
         print(line)
-    if cfg.json:
-        Path(cfg.json).write_text(
+    if out is not None:
+        out.write_text(
             json.dumps(
                 {
                     "repeat": cfg.repeat,
