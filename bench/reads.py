@@ -12,7 +12,8 @@ settled runs, built with bench/scale.py's bulk loader, ADR 0044), plus one long 
 - `show --all` of the long run (the whole trail drawn as a table), once, for reference.
 
 - the same reads without the command line: each query alone, in this process (the median of
-  50 calls; not measured with `--baseline`).
+  50 calls; not measured with `--baseline`), and on PostgreSQL the shared buffers each one
+  touches (`EXPLAIN (ANALYZE, BUFFERS)`), which load on the machine does not blur.
 
 Then a table per backend: each figure at each size and the ratio largest / smallest size
 (the target: ≤ 1.5 for every read; `show` of a 5,000-step run ≤ 0.5 s).
@@ -48,6 +49,7 @@ from steptrail.cli import cli
 from steptrail.domain.digest import digest
 from steptrail.domain.run import Run
 from steptrail.infrastructure.settings import Settings
+from steptrail.infrastructure.sqlfiles import queries as sql_queries
 from steptrail.runtime import Runtime, open_runtime
 
 
@@ -128,6 +130,8 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
         )
         if not cfg.baseline:
             figures.update(queries(rt, long, failed_page[-1].run_id, cfg.steps))
+            if url.startswith("postgres"):
+                figures.update(pg_buffers(url, long, cfg.steps))
         figures["show_long_all_s"] = timed(["show", str(long), "--all"], env, 1, cfg.baseline)
     return figures
 
@@ -156,6 +160,39 @@ def queries(rt: Runtime, long: UUID, before: UUID, steps: int) -> dict[str, floa
     }
 
 
+def pg_buffers(url: str, long: UUID, steps: int) -> dict[str, float]:
+    """PostgreSQL: the shared buffers each read touches (`EXPLAIN (ANALYZE, BUFFERS)`, the
+    functions it calls included), a count that load on the machine does not blur."""
+    q = sql_queries("postgres")
+    top = {
+        "agent": None,
+        "reason": None,
+        "limit": 50,
+        "before_at": datetime(9999, 12, 31, tzinfo=UTC),
+        "before_id": UUID(int=(1 << 128) - 1),
+    }
+    cases = {
+        "buf_counts": ("select_reason_counts", {}),
+        "buf_health": ("queue_health", {}),
+        "buf_runs": ("select_runs", top),
+        "buf_runs_failed": ("select_runs_status", {**top, "status": "failed"}),
+        "buf_trail_page": (
+            "select_history_page",
+            {"run_id": long, "first": steps - 99, "limit": 100},
+        ),
+    }
+    found: dict[str, float] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for key, (name, params) in cases.items():
+            row = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q[name], params
+            ).fetchone()
+            assert row is not None
+            plan = row[0][0]["Plan"]
+            found[key] = float(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
+    return found
+
+
 ROWS = [
     ("load_s", "build: bulk load (s)", "{:.1f}", None),
     ("project_s", "build: views caught up (s)", "{:.1f}", None),
@@ -176,6 +213,11 @@ ROWS = [
     ("q_runs_failed_next_ms", "query: runs failed, next 10 (ms)", "{:.2f}", "≤ 1.5"),
     ("q_runs_queued_ms", "query: runs queued, 20 (ms)", "{:.2f}", "≤ 1.5"),
     ("q_trail_page_ms", "query: 100 events of the long run (ms)", "{:.2f}", "≤ 1.5"),
+    ("buf_counts", "PostgreSQL buffers: reason counts", "{:.0f}", "flat"),
+    ("buf_health", "PostgreSQL buffers: oldest queued + stale leases", "{:.0f}", "flat"),
+    ("buf_runs", "PostgreSQL buffers: runs, 50", "{:.0f}", "flat"),
+    ("buf_runs_failed", "PostgreSQL buffers: runs failed, 50", "{:.0f}", "flat"),
+    ("buf_trail_page", "PostgreSQL buffers: 100 events of the long run", "{:.0f}", "flat"),
 ]
 
 
