@@ -21,10 +21,10 @@ SELECT version FROM steptrail_schema_migrations ORDER BY version;
 INSERT INTO steptrail_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: lock_for_rebuild
--- Only a rebuild of the run index stops the world: every writer touches its run's row before
--- the log, so locking the index first (then the log) waits for writers in flight and holds
--- new ones back until the rebuilt index commits.
-LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE;
+-- A range of the run index is rebuilt as a writer (ADR 0040): it holds ROW EXCLUSIVE from
+-- its first statement, like every writer, so the reaper's SHARE lock waits for it as for any
+-- writer in flight instead of slipping in between its row locks and its writes.
+LOCK TABLE steptrail_runs IN ROW EXCLUSIVE MODE;
 
 -- name: insert_run
 -- A new run's row, creation event and saved request, unless its idempotency key is taken:
@@ -186,35 +186,14 @@ DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 -- events in reading order (ADR 0018): a row re-checked after somebody changed it passes
 -- only if it is still queued and was available before this statement began, and every
 -- change to a queued run either leaves it not queued or makes it available later than that.
--- steptrail_claimable (migration 0010) picks and locks the runs along the per-agent claim
--- index whatever the statistics say (ADR 0037).
-WITH clock AS MATERIALIZED (
-    SELECT clock_timestamp() AS at
-), picked AS (
-    SELECT run_id, version FROM steptrail_claimable(%(agents)s::text[], %(limit)s::integer)
-), claimed_event AS (
-    INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
-    SELECT run_id, version + 1, %(topic)s, %(state)s, clock.at FROM picked, clock
-    RETURNING originator_id, originator_version, recorded_at
-), claimed AS (
-    UPDATE steptrail_runs AS r SET
-        status = 'running',
-        version = e.originator_version,
-        segment = 'worker',
-        holder = %(holder)s,
-        lease_ms = %(lease_ms)s,
-        claim_version = e.originator_version,
-        lease_expires_at = e.recorded_at + %(lease_ms)s::bigint * interval '1 millisecond',
-        available_at = NULL,
-        updated_at = e.recorded_at
-    FROM claimed_event AS e
-    WHERE r.run_id = e.originator_id
-    RETURNING r.*
-)
-SELECT c.*, s.body AS request
-FROM claimed AS c
-LEFT JOIN steptrail_saved AS s ON s.run_id = c.run_id AND s.kind = 'request'
-ORDER BY c.available_at NULLS FIRST, c.run_id;
+-- steptrail_claim (migration 0017) does all of it as one statement inside the function, so
+-- that picking, logging and updating see one snapshot (ADR 0040), and walks the per-agent
+-- claim index whatever the statistics say (ADR 0037).
+SELECT (c.run).*, c.request
+FROM steptrail_claim(
+    %(agents)s::text[], %(limit)s::integer, %(topic)s::text, %(state)s::bytea,
+    %(holder)s::text, %(lease_ms)s::bigint
+) AS c;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 
@@ -251,10 +230,28 @@ FROM steptrail_events
 WHERE originator_id = %(run_id)s
 ORDER BY originator_version;
 
--- name: select_log
--- Every event of every run, run by run, for rebuilding the run index.
+-- name: range_end_runs
+-- `verify` and `rebuild run-index` go through the run ids in keyset ranges (ADR 0040): the
+-- `skip`+1-th id of the index from `lo` on (a walk of the primary key of one range)...
+SELECT run_id FROM steptrail_runs WHERE run_id >= %(lo)s ORDER BY run_id
+LIMIT 1 OFFSET %(skip)s;
+
+-- name: range_end_log
+-- ... and the run of the log's `skip`+1-th event from `lo` on, so that a range holds at most
+-- that many rows and that many events (plus the rest of its last run's), even where the
+-- index and the log disagree.
+SELECT originator_id AS run_id FROM steptrail_events
+WHERE originator_id >= %(lo)s
+ORDER BY originator_id, originator_version LIMIT 1 OFFSET %(skip)s;
+
+-- name: range_runs
+SELECT * FROM steptrail_runs WHERE run_id BETWEEN %(lo)s AND %(hi)s ORDER BY run_id;
+
+-- name: range_log
+-- The events of one range of runs, run by run, for rebuilding their index rows.
 SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
 FROM steptrail_events
+WHERE originator_id BETWEEN %(lo)s AND %(hi)s
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
@@ -285,11 +282,22 @@ SELECT * FROM steptrail_runs ORDER BY run_id;
 -- landing between the two reads looks like drift. First statement of its transaction.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
--- name: delete_all_runs
-DELETE FROM steptrail_runs;
+-- name: lock_range
+-- PostgreSQL: the index rows of one range, locked in id order before its log is read
+-- (ADR 0040). Every writer of a run takes its row before it writes the log, so until this
+-- transaction ends no append, claim or purge can change what the range's log says: an
+-- append waits here, then finds the version it expects; a claim skips these rows. Runs
+-- enqueued into the range meanwhile are not locked, and are left as their enqueue wrote
+-- them (insert_missing_row).
+SELECT run_id FROM steptrail_runs WHERE run_id BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_id FOR UPDATE;
 
--- name: insert_row
--- A rebuilt row, with the instants the fold computed from the events' recorded_at.
+-- name: delete_rows
+-- PostgreSQL: locked rows of runs the log does not hold.
+DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
+
+-- name: upsert_row
+-- PostgreSQL: a locked row (or one that was missing), replaced by its rebuild.
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
@@ -299,14 +307,38 @@ INSERT INTO steptrail_runs (
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
-);
+)
+ON CONFLICT (run_id) DO UPDATE SET
+    agent = excluded.agent, status = excluded.status, version = excluded.version,
+    segment = excluded.segment, holder = excluded.holder, lease_ms = excluded.lease_ms,
+    claim_version = excluded.claim_version, requeue_count = excluded.requeue_count,
+    reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
+    lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
+    created_at = excluded.created_at, updated_at = excluded.updated_at;
+
+-- name: insert_missing_row
+-- PostgreSQL: the row of a run in the range's log that was not in the index when the range
+-- was locked. Either the index had lost it (inserted here), or the run was enqueued after
+-- the lock: then its enqueue wrote the row with its event, a worker may have claimed it
+-- since, and that row stands.
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+    requeue_count, reason, idempotency_key, doc,
+    lease_expires_at, available_at, created_at, updated_at
+) VALUES (
+    %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
+    %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
+    %(idempotency_key)s, %(doc)s,
+    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
+)
+ON CONFLICT (run_id) DO NOTHING;
 
 -- name: copy_events
 -- bulk_load_settled (benchmark databases only, ADR 0044): whole logs of settled runs.
 COPY steptrail_events (originator_id, originator_version, topic, state, recorded_at) FROM STDIN;
 
 -- name: copy_runs
--- bulk_load_settled: their index rows, as rebuild folds them (insert_row's columns).
+-- bulk_load_settled: their index rows, as rebuild folds them (upsert_row's columns).
 COPY steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
@@ -423,6 +455,33 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 
 -- name: select_all_dead_letters
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
+
+-- name: range_end_summaries
+-- `verify` of the views goes through the run ids in keyset ranges too (ADR 0040).
+SELECT run_id FROM steptrail_view_run_summaries WHERE run_id >= %(lo)s ORDER BY run_id
+LIMIT 1 OFFSET %(skip)s;
+
+-- name: range_summaries
+SELECT * FROM steptrail_view_run_summaries WHERE run_id BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_id;
+
+-- name: range_dead_letters
+SELECT * FROM steptrail_view_dead_letters WHERE run_id BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_id;
+
+-- name: range_notifications
+-- The events of one range of runs up to a position the views reached, in reading order.
+SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state
+FROM steptrail_events
+WHERE originator_id BETWEEN %(lo)s AND %(hi)s
+  AND (tx_id, notification_id) <= (%(upto_tx)s::bigint, %(upto)s::bigint)
+ORDER BY tx_id, notification_id;
+
+-- name: count_summaries
+-- What the status counts must equal: the summaries counted (one pass, constant memory).
+SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
+GROUP BY agent, status ORDER BY agent, status;
 
 -- name: queue_health
 -- Live figures from the run index (not a view): the oldest queued run and expired leases

@@ -170,9 +170,27 @@ FROM steptrail_events
 WHERE originator_id = :run_id
 ORDER BY originator_version;
 
--- name: select_log
+-- name: range_end_runs
+-- `verify` and `rebuild run-index` go through the run ids in keyset ranges (ADR 0040): the
+-- `skip`+1-th id of the index from `lo` on (an index walk of one range)...
+SELECT run_id FROM steptrail_runs WHERE run_id >= :lo ORDER BY run_id LIMIT 1 OFFSET :skip;
+
+-- name: range_end_log
+-- ... and the run of the log's `skip`+1-th event from `lo` on, so that a range holds at most
+-- that many rows and that many events (plus the rest of its last run's), even where the
+-- index and the log disagree.
+SELECT originator_id AS run_id FROM steptrail_events
+WHERE originator_id >= :lo
+ORDER BY originator_id, originator_version LIMIT 1 OFFSET :skip;
+
+-- name: range_runs
+SELECT * FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi ORDER BY run_id;
+
+-- name: range_log
+-- The events of one range of runs, run by run, for rebuilding their index rows.
 SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
 FROM steptrail_events
+WHERE originator_id BETWEEN :lo AND :hi
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
@@ -201,8 +219,9 @@ SELECT * FROM steptrail_runs ORDER BY run_id;
 -- PostgreSQL sets REPEATABLE READ here; SQLite's read transaction is one WAL snapshot.
 SELECT 1;
 
--- name: delete_all_runs
-DELETE FROM steptrail_runs;
+-- name: delete_range_rows
+-- SQLite: a range is rebuilt under the write lock, so its rows are simply replaced.
+DELETE FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi;
 
 -- name: insert_row
 INSERT INTO steptrail_runs (
@@ -310,6 +329,32 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 
 -- name: select_all_dead_letters
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
+
+-- name: range_end_summaries
+-- `verify` of the views goes through the run ids in keyset ranges too (ADR 0040).
+SELECT run_id FROM steptrail_view_run_summaries WHERE run_id >= :lo ORDER BY run_id
+LIMIT 1 OFFSET :skip;
+
+-- name: range_summaries
+SELECT * FROM steptrail_view_run_summaries WHERE run_id BETWEEN :lo AND :hi
+ORDER BY run_id;
+
+-- name: range_dead_letters
+SELECT * FROM steptrail_view_dead_letters WHERE run_id BETWEEN :lo AND :hi
+ORDER BY run_id;
+
+-- name: range_notifications
+-- The events of one range of runs up to a position the views reached, in reading order.
+SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state
+FROM steptrail_events
+WHERE originator_id BETWEEN :lo AND :hi AND notification_id <= :upto
+ORDER BY notification_id;
+
+-- name: count_summaries
+-- What the status counts must equal: the summaries counted (one pass, constant memory).
+SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
+GROUP BY agent, status ORDER BY agent, status;
 
 -- name: queue_health
 -- The stale leases are counted along the lease index (ADR 0037): they cost the stale runs.
