@@ -597,11 +597,15 @@ class PostgresRunStore(ClaimsOne):
             for name in [PROJECTION, *sorted(name for name, _ in projections)]:
                 conn.execute(self.q["init_tracking"], {"projection": name})
                 conn.execute(self.q["lock_tracking"], {"projection": name})
-            rows = conn.execute(
-                self.q["select_purgeable"],
-                {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
-            ).fetchall()
-            ids = [r["run_id"] for r in rows]
+            ids: list[UUID] = []
+            for status in dict.fromkeys(statuses):  # one index walk per status (ADR 0041)
+                if len(ids) >= limit:
+                    break
+                rows = conn.execute(
+                    self.q["select_purgeable"],
+                    {"status": status, "cutoff": cutoff, "limit": limit - len(ids)},
+                ).fetchall()
+                ids += [r["run_id"] for r in rows]
             if ids:
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):

@@ -899,16 +899,20 @@ class SQLiteRunStore(ClaimsOne):
         including what each user projection keeps of them (its `forget`); deleted content is
         overwritten (secure_delete) so it does not linger in the file."""
         with self._write() as (cur, at):
-            cur.execute(
-                self.q["select_purgeable"],
-                {
-                    "statuses": json.dumps(list(statuses)),
-                    "cutoff": to_us(cutoff),
-                    "limit": limit,
-                    "now": at,
-                },
-            )
-            ids = [UUID(r["run_id"]) for r in cur.fetchall()]
+            ids: list[UUID] = []
+            for status in dict.fromkeys(statuses):  # one index walk per status (ADR 0041)
+                if len(ids) >= limit:
+                    break
+                cur.execute(
+                    self.q["select_purgeable"],
+                    {
+                        "status": status,
+                        "cutoff": to_us(cutoff),
+                        "limit": limit - len(ids),
+                        "now": at,
+                    },
+                )
+                ids += [UUID(r["run_id"]) for r in cur.fetchall()]
             if ids:
                 params = {"ids": json.dumps([i.hex for i in ids]), "category": category, "now": at}
                 for statement in statements(self.q["purge_runs"]):

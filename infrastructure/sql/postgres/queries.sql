@@ -505,15 +505,17 @@ WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
 ORDER BY created_at, run_id;
 
 -- name: select_purgeable
--- Oldest first, each row locked: a writer of one of these runs waits, then finds it gone
+-- The oldest runs of one status due for purging, along the (status, created_at, run_id)
+-- index (migration 0017), so the walk stops after the batch whatever the database holds
+-- (ADR 0041). Each row locked: a writer of one of these runs waits, then finds it gone
 -- (its append fails like any fenced append). A row whose status changed meanwhile is
 -- re-checked against the condition and skipped if it no longer matches. A run held under a
 -- live lease is never purged: a renewal that landed while we waited for the row makes the
 -- re-check fail.
 SELECT run_id FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+WHERE status = %(status)s AND created_at < %(cutoff)s
   AND NOT (status = 'running' AND lease_expires_at >= now())
-ORDER BY created_at, run_id
+ORDER BY status, created_at, run_id
 LIMIT %(limit)s
 FOR UPDATE;
 -- name: purge_runs

@@ -378,19 +378,25 @@ WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses)
 ORDER BY created_at, run_id;
 
 -- name: select_purgeable
-SELECT run_id FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+-- The oldest runs of one status due for purging, along the (status, created_at) index
+-- (migration 0017): the walk stops after the batch, however many runs the database holds
+-- (ADR 0041). A run held under a live lease is never purged.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = :status AND created_at < :cutoff
   AND NOT (status = 'running' AND lease_expires_at >= :now)
 ORDER BY created_at, run_id
 LIMIT :limit;
 
 -- name: purge_runs
-UPDATE steptrail_view_status_counts SET count = count - (
-    SELECT count(*) FROM steptrail_view_run_summaries AS s
-    WHERE s.run_id IN (SELECT value FROM json_each(:ids))
-      AND s.agent = steptrail_view_status_counts.agent
-      AND s.status = steptrail_view_status_counts.status
-);
+-- The counts move by the purged summaries' own (agent, status) pairs, found by key: a batch
+-- costs its runs, not every summary of those statuses (ADR 0041).
+UPDATE steptrail_view_status_counts SET count = count - d.n
+FROM (
+    SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries
+    WHERE run_id IN (SELECT value FROM json_each(:ids)) GROUP BY agent, status
+) AS d
+WHERE steptrail_view_status_counts.agent = d.agent
+  AND steptrail_view_status_counts.status = d.status;
 DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
