@@ -26,6 +26,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
+from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
@@ -566,14 +567,19 @@ class PostgresRunStore(ClaimsOne):
     # -- retention -------------------------------------------------------------------------------
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
-        row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
-        return int(row["n"]) if row is not None else 0
+        total = 0
+        with self._connection() as conn:
+            for status in dict.fromkeys(statuses):
+                params = {"status": status, "cutoff": cutoff}
+                row = conn.execute(self.q["count_purgeable"], params).fetchone()
+                total += int(row["n"]) if row is not None else 0
+        return total
 
     def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        if RunStatus.RUNNING.value not in statuses:
+            return []  # only a running run can be held under a lease
         with self._connection() as conn:
-            rows = conn.execute(
-                self.q["select_live_purgeable"], {"statuses": list(statuses), "cutoff": cutoff}
-            )
+            rows = conn.execute(self.q["select_live_purgeable"], {"cutoff": cutoff})
             return [r["run_id"] for r in rows]
 
     def purge_batch(

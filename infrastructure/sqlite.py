@@ -38,6 +38,7 @@ from steptrail.infrastructure.store_base import (
     RANGE_RUNS,
     REQUEST,
     RESUMABLE,
+    SQLITE_REBUILD_RANGE,
     ClaimsOne,
     after,
     encoded_events,
@@ -826,7 +827,7 @@ class SQLiteRunStore(ClaimsOne):
                 yield run_id, decode_event(r["topic"], bytes(r["state"]), where=where), at
 
     def rebuild_index(
-        self, progress: Callable[[int], None] | None = None, *, batch: int = RANGE_RUNS
+        self, progress: Callable[[int], None] | None = None, *, batch: int = SQLITE_REBUILD_RANGE
     ) -> int:
         """Replace the run index with one folded from the log, one keyset range of run ids
         per write transaction (ADR 0040): the range's log is read and its rows replaced
@@ -868,21 +869,21 @@ class SQLiteRunStore(ClaimsOne):
     # -- retention -------------------------------------------------------------------------------
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
-        row = self._one(
-            "count_purgeable",
-            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": self.now_us()},
-        )
-        return int(row["n"]) if row is not None else 0
+        now = self.now_us()
+        with self._read() as cur:
+            return sum(
+                int(cur.execute(
+                    self.q["count_purgeable"], {"status": s, "cutoff": to_us(cutoff), "now": now}
+                ).fetchone()["n"])
+                for s in dict.fromkeys(statuses)
+            )  # fmt: skip
 
     def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        if RunStatus.RUNNING.value not in statuses:
+            return []  # only a running run can be held under a lease
         with self._read() as cur:
             cur.execute(
-                self.q["select_live_purgeable"],
-                {
-                    "statuses": json.dumps(list(statuses)),
-                    "cutoff": to_us(cutoff),
-                    "now": self.now_us(),
-                },
+                self.q["select_live_purgeable"], {"cutoff": to_us(cutoff), "now": self.now_us()}
             )
             return [UUID(r["run_id"]) for r in cur.fetchall()]
 

@@ -136,6 +136,9 @@ def settled_load(run: Run, at: datetime) -> tuple[list[tuple[int, str, bytes, da
 # from the smallest id to the largest, each range holding at most `RANGE_RUNS` rows of the
 # index and `RANGE_RUNS` events of the log (plus the rest of its last run's events).
 RANGE_RUNS = 2000
+# SQLite rebuilds a range under the database's one write lock, so every writer waits for
+# the range: smaller ranges there keep that wait to tens of milliseconds.
+SQLITE_REBUILD_RANGE = 500
 FIRST_ID = UUID(int=0)
 LAST_ID = UUID(int=(1 << 128) - 1)
 

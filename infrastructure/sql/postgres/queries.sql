@@ -492,17 +492,19 @@ SELECT
     now() AS now;
 
 -- name: count_purgeable
+-- The runs of one status due for purging, counted along the (status, created_at, run_id)
+-- index (migration 0017): the window, not the table (ADR 0041).
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+WHERE status = %(status)s AND created_at < %(cutoff)s
   AND NOT (status = 'running' AND lease_expires_at >= now());
 
 -- name: select_live_purgeable
--- Runs in the window that a worker holds under a live lease: never purged (a write tool in
--- flight would lose its marker), reported as skipped.
+-- Running runs in the window that a worker holds under a live lease: never purged (a write
+-- tool in flight would lose its marker), reported as skipped. Asked only of a category that
+-- purges running runs.
 SELECT run_id FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
-  AND status = 'running' AND lease_expires_at >= now()
-ORDER BY created_at, run_id;
+WHERE status = 'running' AND created_at < %(cutoff)s AND lease_expires_at >= now()
+ORDER BY status, created_at, run_id;
 
 -- name: select_purgeable
 -- The oldest runs of one status due for purging, along the (status, created_at, run_id)

@@ -365,16 +365,18 @@ SELECT
     :now AS now;
 
 -- name: count_purgeable
-SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+-- The runs of one status due for purging, counted along the (status, created_at) index
+-- (migration 0017): the window, not the table (ADR 0041).
+SELECT count(*) AS n FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = :status AND created_at < :cutoff
   AND NOT (status = 'running' AND lease_expires_at >= :now);
 
 -- name: select_live_purgeable
--- Runs in the window that a worker holds under a live lease: never purged (a write tool in
--- flight would lose its marker), reported as skipped.
-SELECT run_id FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
-  AND status = 'running' AND lease_expires_at >= :now
+-- Running runs in the window that a worker holds under a live lease: never purged (a write
+-- tool in flight would lose its marker), reported as skipped. Asked only of a category that
+-- purges running runs.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = 'running' AND created_at < :cutoff AND lease_expires_at >= :now
 ORDER BY created_at, run_id;
 
 -- name: select_purgeable
