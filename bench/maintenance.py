@@ -1,8 +1,8 @@
 """Maintenance benchmark: `verify`, `rebuild run-index` and `purge` at two database sizes.
 
 For each backend and each size (default 2,000 and 20,000 settled runs, built with the
-stores' bulk loader through bench/scale.py's `build`, the oldest `--purge` runs 400 days
-old), in one invocation:
+stores' bulk loader through bench/scale.py's `build`, the oldest `--purge` runs (default
+200) 400 days old), in one invocation:
 
 1. `verify` and `rebuild run-index` as subprocesses (`python -m steptrail …`): wall time and
    peak RSS (`wait4`'s ru_maxrss), which must stay flat as the database grows (ADR 0040);
@@ -132,7 +132,13 @@ def main() -> int:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg", default=os.environ.get(
         "STEPTRAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432"))  # fmt: skip
-    parser.add_argument("--purge", type=int, default=1000, help="old runs purged")
+    parser.add_argument(
+        "--purge",
+        type=int,
+        default=200,
+        help="old runs purged at each size (keep it a small part of the smaller size: "
+        "purging half of a database packs several purged runs per page, see README)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="per maintenance command")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     cfg = parser.parse_args()
