@@ -85,10 +85,16 @@ def test_workers__each_run_claimed_exactly_once(db_url: str, tmp_path: Path) -> 
     rt = make_runtime(db_url, lease_seconds=30)
     procs: list[subprocess.Popen[Any]] = []
     try:
-        ids = [rt.enqueue("scripted", {"steps": 1}) for _ in range(150)]
         procs = [
             spawn_worker(db_url, "--concurrency", "3", log=tmp_path / f"w{i}.log") for i in range(4)
         ]
+        # Every worker is polling before the first run exists: a worker that started first
+        # must not drain the queue alone (SQLite claims a batch in microseconds).
+        assert wait_until(
+            lambda: all("worker_started" in (tmp_path / f"w{i}.log").read_text() for i in range(4)),
+            60,
+        )
+        ids = [rt.enqueue("scripted", {"steps": 1, "sleep": 0.02}) for _ in range(150)]
         assert wait_until(lambda: all_terminal(rt, ids), 90)
         trails = check_trails(rt, ids)
         for events in trails.values():

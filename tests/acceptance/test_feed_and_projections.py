@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -139,19 +140,29 @@ def test_chaos__projection_equals_a_fold_of_every_shown_run(db_url: str, tmp_pat
         rt.close()
 
 
+def _pump(stream: Any, into: queue.Queue[str | None]) -> None:
+    """Every line of `stream` into `into`, then None at its end."""
+    for line in stream:
+        into.put(line)
+    into.put(None)
+
+
 class Consumer:
     """`steptrail events --follow --json`, killed and restarted from its last position every
-    `every` events; keeps every line it handled."""
+    `every` events; keeps every line it handled. It never waits past its deadline, nor on a
+    stream that can no longer grow (`alive` says whether the writers are still there)."""
 
-    def __init__(self, url: str, every: int) -> None:
+    def __init__(self, url: str, every: int, alive: Any = lambda: True) -> None:
         self.url = url
         self.every = every
+        self.alive = alive
         self.lines: list[dict[str, Any]] = []
         self.position = "0:0"
         self.restarts = 0
 
     def run(self, total: int, deadline: float) -> None:
         while len(self.lines) < total and time.monotonic() < deadline:
+            assert self.alive(), "a worker died: the log cannot reach its total"
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -172,16 +183,23 @@ class Consumer:
                 text=True,
             )
             assert proc.stdout is not None
+            lines: queue.Queue[str | None] = queue.Queue()
+            threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
             taken = 0
             try:
-                for line in proc.stdout:
+                while time.monotonic() < deadline:
+                    try:
+                        line = lines.get(timeout=0.5)
+                    except queue.Empty:
+                        assert self.alive(), "a worker died: the log cannot reach its total"
+                        continue
+                    if line is None:
+                        break
                     entry = json.loads(line)
                     self.lines.append(entry)
                     self.position = entry["position"]  # saved after handling, as a consumer would
                     taken += 1
                     if taken >= self.every or len(self.lines) >= total:
-                        break
-                    if time.monotonic() > deadline:
                         break
             finally:
                 proc.send_signal(signal.SIGKILL)  # mid-stream: lines it had written are dropped
@@ -212,7 +230,7 @@ def test_feed__restarted_consumer_equals_the_log_while_four_workers_append(
 
         producer = threading.Thread(target=enqueue)
         producer.start()
-        consumer = Consumer(db_url, every=1000)
+        consumer = Consumer(db_url, every=1000, alive=lambda: all(p.poll() is None for p in procs))
         deadline = time.monotonic() + 600
         # Consume while the log grows; then until the consumer has everything.
         consumer.run(runs * 7, deadline)

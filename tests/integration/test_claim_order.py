@@ -6,7 +6,7 @@ began must not be claimed by it: were it claimed, its Claimed could sort before 
 transaction's events of the same run. It is not, because availability is judged at the
 claim's start (now()) and every change to a queued run leaves it either not queued or
 available later than that. Since ADR 0037 the claim locks its whole batch in one pass
-(steptrail_claimable) before it writes any event, which narrows that window to the lock
+(steptrail_claim, ADR 0048) before it writes any event, which narrows that window to the lock
 pass; the tests below build what can still be built: a change that lands while the claim
 waits to start, and a claim that sleeps between its rows. (SQLite has one writer at a time:
 its ids commit in order, there is nothing to prove there.)
@@ -125,3 +125,53 @@ def test_claim__availability_is_judged_at_the_claims_start(pg_url: str) -> None:
     assert [row[0] for row in got["rows"]] == [ready]
     assert rt.get(later).status is RunStatus.QUEUED
     rt.close()
+
+
+def test_claim__racing_enqueues_every_claimed_run_is_claimed_whole(pg_url: str) -> None:
+    """Claims racing a stream of enqueues (the queue near empty, so each claim takes runs that
+    committed a moment ago): every claimed run's row moves with its Claimed event and comes
+    with its request. Before ADR 0048 the claim's lock pass ran with a newer snapshot than
+    its update: a run that committed in between got a Claimed event while its row stayed
+    queued, and every later claim broke on the event's key (every worker, in practice)."""
+    rt = make_runtime(pg_url)
+    store: Any = rt.store
+    per_producer = 800
+    stop = threading.Event()
+    errors: list[str] = []
+    requests: dict[Any, bytes] = {}
+
+    def produce(k: int) -> None:
+        for i in range(per_producer):
+            rt.enqueue("scripted", {"result": {"producer": k, "n": i}})
+
+    def consume(k: int) -> None:
+        while not stop.is_set():
+            try:
+                for item in store.claim_batch(
+                    holder=f"worker:{k}", lease_ms=60_000, agents=["scripted"], limit=2
+                ):
+                    requests[item.run.id] = item.request
+            except Exception as error:  # any error at all is the failure under test
+                errors.append(repr(error)[:200])
+                return
+
+    producers = [threading.Thread(target=produce, args=(k,)) for k in range(3)]
+    consumers = [threading.Thread(target=consume, args=(k,)) for k in range(2)]
+    for t in producers + consumers:
+        t.start()
+    for t in producers:
+        t.join()
+    deadline = time.monotonic() + 30
+    while len(requests) < 3 * per_producer and not errors and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    for t in consumers:
+        t.join()
+    try:
+        assert errors == []
+        assert len(requests) == 3 * per_producer
+        assert all(rt.get(run_id).status is RunStatus.RUNNING for run_id in requests)
+        assert all(body and b'"producer"' in body for body in requests.values())
+        assert rt.verify_index() == []
+    finally:
+        rt.close()

@@ -43,7 +43,7 @@ def test_rebuild_index__while_workers_claim_append_and_enqueue(
 
     `claims_only` (verifies, no rebuild) is the race the rebuild test found first: on
     PostgreSQL a claim racing an enqueue logged Claimed for a run whose row its update could
-    not see, and left queued (fixed by migration 0017)."""
+    not see, and left queued (fixed on main by migration 0018, ADR 0048)."""
     created = enqueue(store, 30)
     created_lock = threading.Lock()
     stop = threading.Event()

@@ -155,6 +155,20 @@ def _scans_of_runs(plan: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+# The one statement of steptrail_claim (migration 0018, ADR 0048): lock pass, event, update.
+CLAIM_MARKER = "WITH clock AS MATERIALIZED"
+
+
+def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The claim's scans of the run index: the lock pass's walks of the claim index, and the
+    rest (the update finding the picked rows), which must all go by primary key."""
+    scans = _scans_of_runs(plan)
+    walks = [n for n in scans if n.get("Index Name") == "steptrail_runs_queued_idx"]
+    by_key = [n for n in scans if n not in walks]
+    assert all(n.get("Index Name") == "steptrail_runs_pkey" for n in by_key), by_key
+    return walks, by_key
+
+
 def _read(node: dict[str, Any]) -> int:
     """Rows a scan read: returned plus filtered out, over every loop."""
     loops = int(node.get("Actual Loops", 1))
@@ -180,19 +194,17 @@ def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str
     assert len(got["rows"]) == LIMIT
     # The disabled steps' costs must not make the server compile the claim (jit = off).
     assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
-    inner = _inner(plans, "WITH clock AS MATERIALIZED")
-    scans = _scans_of_runs(inner)
-    # One walk of the claim index picks the batch; the update finds the picked runs by key,
-    # never by scanning (migration 0017 puts the whole claim inside steptrail_claim).
-    (walk,) = [n for n in scans if n.get("Index Name") == "steptrail_runs_queued_idx"]
-    assert walk["Node Type"] == "Index Scan"
-    for node in scans:
-        if node is not walk:
-            assert (node["Node Type"], node["Index Name"]) == ("Index Scan", "steptrail_runs_pkey")
-    assert _read(walk) <= LIMIT  # not the backlog, nor the other agent's runs ahead
-    assert _buffers(walk) <= 4 * LIMIT + 20
-    assert _buffers(inner) <= 40 * LIMIT + 50  # the batch's writes, not the backlog
+    inner = _inner(plans, CLAIM_MARKER)
+    walks, by_key = _claim_scans(inner)
+    assert [(n["Node Type"], n.get("Index Name")) for n in walks] == [
+        ("Index Scan", "steptrail_runs_queued_idx")
+    ]
+    assert _read(walks[0]) <= LIMIT  # not the backlog, nor the other agent's runs ahead
+    assert _buffers(walks[0]) <= 4 * LIMIT + 20
     assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") for n in _nodes(inner))
+    # The writes find the picked runs by key, never by scanning.
+    assert by_key
+    assert all(n["Node Type"] == "Index Scan" for n in by_key)
 
 
 @pytest.mark.parametrize("state", STATEMENTS)
@@ -213,8 +225,9 @@ def test_pg_claim__several_agents_still_one_batch_each(pg_fresh: str, state: str
         plans = _plans(conn, lambda: got.update(rows=conn.execute(q["claim"], params).fetchall()))
     # The other agent's runs became available first: they are the batch.
     assert [row[1] for row in got["rows"]] == ["other"] * LIMIT  # (run_id, agent, ...)
-    inner = _inner(plans, "WITH clock AS MATERIALIZED")
-    (scan,) = [n for n in _scans_of_runs(inner) if n.get("Index Name") != "steptrail_runs_pkey"]
+    inner = _inner(plans, CLAIM_MARKER)
+    walks, _ = _claim_scans(inner)
+    (scan,) = walks  # one index walk, looped once per agent
     assert scan["Index Name"] == "steptrail_runs_queued_idx"
     assert _read(scan) <= 3 * LIMIT
     assert _buffers(scan) <= 3 * (4 * LIMIT + 20)

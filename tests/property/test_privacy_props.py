@@ -16,7 +16,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steptrail.domain.privacy import CONTENT_KEYS, METADATA_KEYS, filter_payload
+from steptrail.domain.privacy import (
+    _PATTERNS,
+    CONTENT_KEYS,
+    METADATA_KEYS,
+    filter_payload,
+    mask_secrets,
+)
 
 ALNUM = string.ascii_letters + string.digits
 UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -209,3 +215,19 @@ def test_filter_payload__redacted_masks_every_secret_and_address(planted: Plante
 def test_filter_payload__full_is_identity(planted: Planted) -> None:
     """At full, the filter returns exactly the payload it was given."""
     assert filter_payload(planted.payload, "full") == planted.payload
+
+
+def _every_substitution(text: str) -> str:
+    """The masking as it is defined: each pattern substituted in turn, with no prefilter."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+@settings(max_examples=300)
+@given(planted=payloads(), noise=st.text(max_size=60))
+def test_mask_secrets__prefilter_changes_nothing(planted: Planted, noise: str) -> None:
+    """The one-search prefilter only skips strings no pattern matches: masking any string,
+    secret-bearing or not, equals substituting every pattern in turn."""
+    for text in [*planted.texts, *planted.fillers, noise, noise + " " + " ".join(planted.texts)]:
+        assert mask_secrets(text) == _every_substitution(text)

@@ -178,22 +178,23 @@ DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 -- serialised by the caller; the column updates are the Claimed fold (Run.Claimed.apply),
 -- which the rebuild tests check.
 --
--- Two instants, on purpose (ADR 0016). Which runs are available is judged at the statement's
--- start (now()); the lease starts at `clock`, read once when the statement first needs it,
--- which is after every table lock the statement takes (they are all taken before it runs)
--- and SKIP LOCKED never waits on a row: a claim that queued behind a rebuild still gets a
--- whole lease. Judging availability at the start is also what keeps a multi-row claim's
--- events in reading order (ADR 0018): a row re-checked after somebody changed it passes
--- only if it is still queued and was available before this statement began, and every
--- change to a queued run either leaves it not queued or makes it available later than that.
--- steptrail_claim (migration 0017) does all of it as one statement inside the function, so
--- that picking, logging and updating see one snapshot (ADR 0040), and walks the per-agent
--- claim index whatever the statistics say (ADR 0037).
+-- Two instants, on purpose (ADR 0016). Which runs are available is judged at the
+-- transaction's start (now()); the lease starts at clock_timestamp(), read once when the
+-- claim first needs it, which is after every table lock it takes, and SKIP LOCKED never
+-- waits on a row: a claim that queued behind a rebuild still gets a whole lease. Judging
+-- availability at the start is also what keeps a multi-row claim's events in reading order
+-- (ADR 0018): a row re-checked after somebody changed it passes only if it is still queued
+-- and was available before this claim began, and every change to a queued run either leaves
+-- it not queued or makes it available later than that.
+-- steptrail_claim (migration 0018) does all of it in one statement, so the lock pass and the
+-- writes share one snapshot (ADR 0048), and walks the per-agent claim index whatever the
+-- statistics say (ADR 0037).
 SELECT (c.run).*, c.request
 FROM steptrail_claim(
-    %(agents)s::text[], %(limit)s::integer, %(topic)s::text, %(state)s::bytea,
-    %(holder)s::text, %(lease_ms)s::bigint
-) AS c;
+    %(agents)s::text[], %(limit)s::integer, %(topic)s::text, %(state)s::bytea, %(holder)s::text,
+    %(lease_ms)s::bigint
+) AS c
+ORDER BY (c.run).run_id;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 
