@@ -219,3 +219,34 @@ def _sql(store: Any, statement: str, run_id: UUID | None) -> None:
         with psycopg.connect(store.url, autocommit=True) as conn:
             conn.execute("SET session_replication_role = replica")
             conn.execute(text)
+
+
+def test_purge_statements__sqlite_plans_cost_the_batch(sqlite_url: str) -> None:
+    """Every statement of a SQLite purge batch (and the window's count) finds its rows by
+    key or walks the (status, created_at) index for the batch: no scan of a steptrail table,
+    no sort of one (ADR 0041; the status counts used to be recounted over every summary)."""
+    from steptrail.infrastructure.factory import open_store
+    from steptrail.infrastructure.sqlfiles import statements
+
+    store = open_store(sqlite_url)
+    store.close()
+    params = {
+        "status": "completed",
+        "statuses": '["completed"]',
+        "cutoff": 1,
+        "now": 1,
+        "limit": 100,
+        "ids": '["a"]',
+        "category": "completed",
+    }
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        for name in ("select_purgeable", "count_purgeable", "select_live_purgeable", "purge_runs"):
+            for statement in statements(store.q[name]):
+                plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", params)]
+                assert not [p for p in plan if p.startswith("SCAN steptrail_")], (name, plan)
+                assert not [p for p in plan if "TEMP B-TREE FOR ORDER BY" in p], (name, plan)
+                if name != "purge_runs":
+                    assert any("steptrail_runs_status_created_idx" in p for p in plan), plan
+    finally:
+        conn.close()
