@@ -250,3 +250,48 @@ def test_purge_statements__sqlite_plans_cost_the_batch(sqlite_url: str) -> None:
                     assert any("steptrail_runs_status_created_idx" in p for p in plan), plan
     finally:
         conn.close()
+
+
+def test_verify_views__no_false_drift_while_the_runner_folds(runtime: Runtime) -> None:
+    """Ranges of the views are read with the position in one snapshot while writers append
+    and the runner folds batch after batch: verify never mistakes the runner's progress
+    between two ranges, or within one, for drift."""
+    store = runtime.store
+    runs = []
+    for _ in range(6):
+        store.create(new_run(), request=b"{}")
+        runs.append(store.claim(holder="worker:test", lease_ms=60_000, agents=[AGENT]).run)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def write(run: Run) -> None:
+        try:
+            while not stop.is_set():
+                run.record_step(kind="llm", name="s", duration_ms=1)
+                store.append(run)
+        except BaseException as e:  # reported below
+            failures.append(e)
+
+    def fold() -> None:
+        try:
+            while not stop.is_set():
+                runtime.views.process_batch(7)
+        except BaseException as e:  # reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in runs]
+    threads.append(threading.Thread(target=fold))
+    for t in threads:
+        t.start()
+    try:
+        reports = [maintenance.verify_views(runtime.views, batch=2) for _ in range(10)]
+        deadline = time.monotonic() + 30
+        while runtime.views.position()[1] < 60 and time.monotonic() < deadline:
+            reports.append(maintenance.verify_views(runtime.views, batch=2))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert failures == []
+    assert runtime.views.position()[1] >= 60  # the runner did fold meanwhile
+    assert reports == [[]] * len(reports)
