@@ -37,6 +37,7 @@ from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
     RANGE_RUNS,
+    REBUILD_RANGE,
     REQUEST,
     ClaimsOne,
     after,
@@ -498,7 +499,7 @@ class PostgresRunStore(ClaimsOne):
                 yield r["run_id"], event, r["recorded_at"]
 
     def rebuild_index(
-        self, progress: Callable[[int], None] | None = None, *, batch: int = RANGE_RUNS
+        self, progress: Callable[[int], None] | None = None, *, batch: int = REBUILD_RANGE
     ) -> int:
         """Replace the run index with one folded from the log, one keyset range of run ids
         per short transaction (ADR 0040); writers of other ranges never wait, writers of

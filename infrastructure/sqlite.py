@@ -36,9 +36,9 @@ from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
     RANGE_RUNS,
+    REBUILD_RANGE,
     REQUEST,
     RESUMABLE,
-    SQLITE_REBUILD_RANGE,
     ClaimsOne,
     after,
     encoded_events,
@@ -827,7 +827,7 @@ class SQLiteRunStore(ClaimsOne):
                 yield run_id, decode_event(r["topic"], bytes(r["state"]), where=where), at
 
     def rebuild_index(
-        self, progress: Callable[[int], None] | None = None, *, batch: int = SQLITE_REBUILD_RANGE
+        self, progress: Callable[[int], None] | None = None, *, batch: int = REBUILD_RANGE
     ) -> int:
         """Replace the run index with one folded from the log, one keyset range of run ids
         per write transaction (ADR 0040): the range's log is read and its rows replaced

@@ -136,9 +136,11 @@ def settled_load(run: Run, at: datetime) -> tuple[list[tuple[int, str, bytes, da
 # from the smallest id to the largest, each range holding at most `RANGE_RUNS` rows of the
 # index and `RANGE_RUNS` events of the log (plus the rest of its last run's events).
 RANGE_RUNS = 2000
-# SQLite rebuilds a range under the database's one write lock, so every writer waits for
-# the range: smaller ranges there keep that wait to tens of milliseconds.
-SQLITE_REBUILD_RANGE = 500
+# A rebuild range is smaller: writers wait for it (on SQLite every writer, under the one
+# write lock; on PostgreSQL the writers of its runs, on their rows), and a worker whose
+# append waits for half a lease fences itself (ADR 0007), so a range must take tens of
+# milliseconds, not seconds, even on a loaded machine.
+REBUILD_RANGE = 500
 FIRST_ID = UUID(int=0)
 LAST_ID = UUID(int=(1 << 128) - 1)
 
