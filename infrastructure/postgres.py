@@ -26,6 +26,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
+from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, RecordedEvent
@@ -34,13 +35,18 @@ from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
+    FIRST_ID,
+    RANGE_RUNS,
+    REBUILD_RANGE,
     REQUEST,
     ClaimsOne,
+    after,
     encoded_events,
     journal_from_rows,
     journal_rows,
     keeps_request,
     listing_query,
+    range_end,
     run_from_row,
     settled_load,
     side_effects,
@@ -480,52 +486,88 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
 
-    def iter_log(self) -> Iterator[tuple[UUID, RunEvent, datetime]]:
-        """Every event of every run, run by run, streamed with a server-side cursor."""
-        with self._connection() as conn, conn.transaction():
-            yield from self._log(conn)
+    def index_ranges(self, batch: int = RANGE_RUNS) -> Iterator[tuple[list[RunRow], list[RunRow]]]:
+        """The live run index and the index rebuilt from the log, one keyset range of run
+        ids at a time (ADR 0040): at most `batch` runs of each per range, both read in one
+        REPEATABLE READ snapshot, so writers in between cannot look like drift. A run's row
+        and its whole log are always in the same range; each range is a short read."""
+        lo: UUID | None = FIRST_ID
+        while lo is not None:
+            with self._connection() as conn, conn.transaction():
+                conn.execute(self.q["snapshot_for_verify"])
+                hi = self._range_end(conn, lo, batch)
+                bounds = {"lo": lo, "hi": hi}
+                live = [_index_row(r) for r in conn.execute(self.q["range_runs"], bounds)]
+                rebuilt = list(rebuild_rows(self._log(conn, bounds)))
+            yield live, rebuilt
+            lo = after(hi)
 
-    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
-        """The live run index and one rebuilt from the log, both read in one REPEATABLE READ
-        snapshot, so writers in between cannot look like drift."""
-        with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["snapshot_for_verify"])
-            live = [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
-            rebuilt = list(rebuild_rows(self._log(conn)))
-        return live, rebuilt
+    def _range_end(self, conn: psycopg.Connection[DictRow], lo: UUID, batch: int) -> UUID:
+        ends = []
+        for name in ("range_end_runs", "range_end_log"):
+            row = conn.execute(self.q[name], {"lo": lo, "skip": batch - 1}).fetchone()
+            ends.append(row["run_id"] if row is not None else None)
+        return range_end(ends)
 
-    def _log(self, conn: psycopg.Connection[DictRow]) -> Iterator[tuple[UUID, RunEvent, datetime]]:
-        cur = conn.cursor(name="steptrail_log")
-        cur.itersize = 2000
-        cur.execute(self.q["select_log"])
-        for r in cur:
-            where = f"event {r['version']} of run {r['run_id']}"
-            event = decode_event(r["topic"], bytes(r["state"]), where=where)
-            yield r["run_id"], event, r["recorded_at"]
+    def _log(
+        self, conn: psycopg.Connection[DictRow], bounds: dict[str, UUID]
+    ) -> Iterator[tuple[UUID, RunEvent, datetime]]:
+        """The range's events through a server-side cursor: a range holds a bounded number
+        of runs, not of events (a run may have thousands of steps)."""
+        with conn.cursor(name="steptrail_log") as cur:
+            cur.itersize = 2000
+            cur.execute(self.q["range_log"], bounds)
+            for r in cur:
+                where = f"event {r['version']} of run {r['run_id']}"
+                event = decode_event(r["topic"], bytes(r["state"]), where=where)
+                yield r["run_id"], event, r["recorded_at"]
 
-    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
-        """Replace the run index with one folded from the log, in one transaction that holds
-        the log lock throughout: writers wait, so no append can slip between the read of the
-        log and the swap of the index. Returns the number of runs."""
+    def rebuild_index(
+        self, progress: Callable[[int], None] | None = None, *, batch: int = REBUILD_RANGE
+    ) -> int:
+        """Replace the run index with one folded from the log, one keyset range of run ids
+        per short transaction (ADR 0040); writers of other ranges never wait, writers of
+        the range wait for that one transaction. Returns the number of runs."""
         count = 0
-        with self._connection() as conn, conn.transaction():
-            conn.execute(self.q["lock_for_rebuild"])
-            conn.execute(self.q["delete_all_runs"])
-            chunk: list[dict[str, Any]] = []
-            with conn.cursor() as writer:
-                for row in rebuild_rows(self._log(conn)):
-                    chunk.append(self._row_params(row))
-                    count += 1
-                    if len(chunk) >= 1000:
-                        writer.executemany(self.q["insert_row"], chunk)
-                        chunk = []
-                        if progress is not None:
-                            progress(count)
-                if chunk:
-                    writer.executemany(self.q["insert_row"], chunk)
-        if progress is not None:
-            progress(count)
+        lo: UUID | None = FIRST_ID
+        while lo is not None:
+            hi, done = self._rebuild_range(lo, batch)
+            count += done
+            if progress is not None:
+                progress(count)
+            lo = after(hi)
         return count
+
+    def _rebuild_range(self, lo: UUID, batch: int) -> tuple[UUID, int]:
+        """Rebuild the rows of one range, atomically against every writer of its runs.
+
+        Lock order, the same as a purge's: the reporting runner's tracking row (so a purge
+        and a range never wait for each other's rows), then the index rows of the range in
+        id order, and only then the range's log is read. Every writer takes its run's row
+        before writing the log, so what the log says of a locked run cannot change until
+        this commits: an append waits and then finds the version it expects, a claim skips
+        the rows. A run enqueued into the range after the lock keeps the row its enqueue
+        wrote with its event (a worker may already have claimed it): only runs that were
+        locked are replaced; rows of the log's runs that are missing are inserted."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
+            conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
+            conn.execute(self.q["lock_for_rebuild"])
+            hi = self._range_end(conn, lo, batch)
+            bounds = {"lo": lo, "hi": hi}
+            locked = {r["run_id"] for r in conn.execute(self.q["lock_range"], bounds)}
+            rows = list(rebuild_rows(self._log(conn, bounds)))
+            with conn.cursor() as cur:
+                replaced = [self._row_params(r) for r in rows if r.run_id in locked]
+                if replaced:
+                    cur.executemany(self.q["upsert_row"], replaced)
+                missing = [self._row_params(r) for r in rows if r.run_id not in locked]
+                if missing:
+                    cur.executemany(self.q["insert_missing_row"], missing)
+            gone = locked - {r.run_id for r in rows}
+            if gone:
+                conn.execute(self.q["delete_rows"], {"ids": sorted(gone)})
+        return hi, len(rows)
 
     def _row_params(self, row: RunRow) -> dict[str, Any]:
         params = state_params(row.state)
@@ -550,14 +592,19 @@ class PostgresRunStore(ClaimsOne):
     # -- retention -------------------------------------------------------------------------------
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
-        row = self._one("count_purgeable", {"statuses": list(statuses), "cutoff": cutoff})
-        return int(row["n"]) if row is not None else 0
+        total = 0
+        with self._connection() as conn:
+            for status in dict.fromkeys(statuses):
+                params = {"status": status, "cutoff": cutoff}
+                row = conn.execute(self.q["count_purgeable"], params).fetchone()
+                total += int(row["n"]) if row is not None else 0
+        return total
 
     def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        if RunStatus.RUNNING.value not in statuses:
+            return []  # only a running run can be held under a lease
         with self._connection() as conn:
-            rows = conn.execute(
-                self.q["select_live_purgeable"], {"statuses": list(statuses), "cutoff": cutoff}
-            )
+            rows = conn.execute(self.q["select_live_purgeable"], {"cutoff": cutoff})
             return [r["run_id"] for r in rows]
 
     def purge_batch(
@@ -581,11 +628,15 @@ class PostgresRunStore(ClaimsOne):
             for name in [PROJECTION, *sorted(name for name, _ in projections)]:
                 conn.execute(self.q["init_tracking"], {"projection": name})
                 conn.execute(self.q["lock_tracking"], {"projection": name})
-            rows = conn.execute(
-                self.q["select_purgeable"],
-                {"statuses": list(statuses), "cutoff": cutoff, "limit": limit},
-            ).fetchall()
-            ids = [r["run_id"] for r in rows]
+            ids: list[UUID] = []
+            for status in dict.fromkeys(statuses):  # one index walk per status (ADR 0041)
+                if len(ids) >= limit:
+                    break
+                rows = conn.execute(
+                    self.q["select_purgeable"],
+                    {"status": status, "cutoff": cutoff, "limit": limit - len(ids)},
+                ).fetchall()
+                ids += [r["run_id"] for r in rows]
             if ids:
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):
@@ -615,6 +666,13 @@ class PostgresRunStore(ClaimsOne):
     @contextmanager
     def reporting_read(self) -> Iterator[_PgTx]:
         with self._connection() as conn:
+            yield _PgTx(conn, self.q)
+
+    @contextmanager
+    def reporting_snapshot(self) -> Iterator[_PgTx]:
+        """A REPEATABLE READ, READ ONLY transaction: one snapshot for all its statements."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["snapshot_for_verify"])
             yield _PgTx(conn, self.q)
 
     @contextmanager
@@ -729,7 +787,7 @@ class _PgTx:
         postgres_drop(self.conn, table)
 
 
-# copy_runs' columns, in its order (insert_row's parameters).
+# copy_runs' columns, in its order (upsert_row's parameters).
 _ROW_COLUMNS = (
     "run_id", "agent", "status", "version", "segment", "holder", "lease_ms", "claim_version",
     "requeue_count", "reason", "idempotency_key", "doc",

@@ -22,6 +22,7 @@ from uuid import UUID
 
 from steptrail.domain.run import RunState
 from steptrail.infrastructure.codec import decode_event
+from steptrail.infrastructure.store_base import RANGE_RUNS, range_end
 from steptrail.projections.reporting import (
     DeadLetterRow,
     Notification,
@@ -46,6 +47,10 @@ class Dialect(Protocol):
 
     def reporting_write(self) -> AbstractContextManager[Tx]: ...
     def reporting_read(self) -> AbstractContextManager[Tx]: ...
+    def reporting_snapshot(self) -> AbstractContextManager[Tx]:
+        """A read whose statements all see one snapshot."""
+        ...
+
     def db_id(self, value: UUID) -> Any: ...
     def db_ids(self, values: Sequence[UUID]) -> Any: ...
     def db_time(self, value: datetime | None) -> Any: ...
@@ -91,6 +96,19 @@ class Health:
     oldest_queued_at: datetime | None
     stale_leases: int
     now: datetime
+
+
+@dataclass(frozen=True)
+class ViewsRange:
+    """One keyset range of run ids of the views, read in one snapshot (`verify`, ADR 0040):
+    where it ends, the position the views had reached, their rows of the range, and the
+    range's events up to that position."""
+
+    last: UUID
+    position: Position
+    summaries: list[RunSummary]
+    dead_letters: list[DeadLetterRow]
+    notifications: list[Notification]
 
 
 @dataclass(frozen=True)
@@ -230,6 +248,43 @@ class ReportingStore:
     def all_dead_letters(self) -> list[DeadLetterRow]:
         with self.d.reporting_read() as tx:
             return [self._dead_letter(r) for r in tx.all("select_all_dead_letters", {})]
+
+    def range_from(self, lo: UUID, *, batch: int = RANGE_RUNS) -> ViewsRange:
+        """The views' range of run ids that starts at `lo` (at most `batch` summaries and
+        `batch` events of the log, plus the rest of its last run's), with the position
+        reached, all read in one snapshot. The runner folds the log in position order and
+        never passes a position before every event up to it has committed (ADR 0012), so
+        the range's events up to that position are exactly what its summaries folded."""
+        with self.d.reporting_snapshot() as tx:
+            rows = tx.all("select_tracking", {"projection": PROJECTION})
+            position: Position = (
+                (int(rows[0]["position_tx"]), int(rows[0]["position"])) if rows else (0, 0)
+            )
+            ends = []
+            for name in ("range_end_summaries", "range_end_log"):
+                found = tx.all(name, {"lo": self.d.db_id(lo), "skip": batch - 1})
+                ends.append(_uuid(found[0]["run_id"]) if found else None)
+            last = range_end(ends)
+            bounds = {"lo": self.d.db_id(lo), "hi": self.d.db_id(last)}
+            summaries = [self._summary(r) for r in tx.all("range_summaries", bounds)]
+            dead = [self._dead_letter(r) for r in tx.all("range_dead_letters", bounds)]
+            notes = [
+                self._notification(r)
+                for r in tx.all(
+                    "range_notifications", {**bounds, "upto_tx": position[0], "upto": position[1]}
+                )
+            ]
+        return ViewsRange(last, position, summaries, dead, notes)
+
+    def counts_and_counted(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """The maintained status counts and the summaries counted, in one snapshot."""
+        with self.d.reporting_snapshot() as tx:
+            live = tx.all("select_status_counts", {})
+            counted = tx.all("count_summaries", {})
+        return (
+            {(r["agent"], r["status"]): int(r["count"]) for r in live},
+            {(r["agent"], r["status"]): int(r["count"]) for r in counted},
+        )
 
     def notifications(self, *, upto: Position, batch: int = 5000) -> Iterator[Notification]:
         """The log from its start to `upto` (inclusive), in reading order."""
@@ -405,6 +460,10 @@ class ReportingStore:
             "requeue_count": d.requeue_count,
             "dead_lettered_at": self.d.db_time(d.dead_lettered_at),
         }
+
+
+def _uuid(value: Any) -> UUID:
+    return value if isinstance(value, UUID) else UUID(value)
 
 
 def catch_up(

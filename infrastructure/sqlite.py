@@ -34,14 +34,19 @@ from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
+    FIRST_ID,
+    RANGE_RUNS,
+    REBUILD_RANGE,
     REQUEST,
     RESUMABLE,
     ClaimsOne,
+    after,
     encoded_events,
     journal_from_rows,
     journal_rows,
     keeps_request,
     listing_query,
+    range_end,
     run_from_row,
     settled_load,
     side_effects,
@@ -809,25 +814,37 @@ class SQLiteRunStore(ClaimsOne):
             cur.execute(self.q["select_all_runs"])
             return [_index_row(r) for r in cur.fetchall()]
 
-    def iter_log(self) -> Iterator[tuple[UUID, RunEvent, datetime]]:
-        with self._read() as cur:
-            yield from self._log(cur)
+    def index_ranges(self, batch: int = RANGE_RUNS) -> Iterator[tuple[list[RunRow], list[RunRow]]]:
+        """The live run index and the index rebuilt from the log, one keyset range of run
+        ids at a time (ADR 0040): at most `batch` runs of each per range, both read in one
+        read transaction (one WAL snapshot), so writers in between cannot look like drift.
+        A run's row and its whole log are always in the same range."""
+        lo: UUID | None = FIRST_ID
+        while lo is not None:
+            with self._read() as cur:
+                cur.execute("BEGIN")
+                try:
+                    hi = self._range_end(cur, lo, batch)
+                    bounds = {"lo": lo.hex, "hi": hi.hex}
+                    cur.execute(self.q["range_runs"], bounds)
+                    live = [_index_row(r) for r in cur.fetchall()]
+                    rebuilt = list(rebuild_rows(self._log(cur, bounds)))
+                finally:
+                    cur.execute("COMMIT")
+            yield live, rebuilt
+            lo = after(hi)
 
-    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]:
-        """The live run index and one rebuilt from the log, both read in one read
-        transaction (one WAL snapshot), so writers in between cannot look like drift."""
-        with self._read() as cur:
-            cur.execute("BEGIN")
-            try:
-                cur.execute(self.q["select_all_runs"])
-                live = [_index_row(r) for r in cur.fetchall()]
-                rebuilt = list(rebuild_rows(self._log(cur)))
-            finally:
-                cur.execute("COMMIT")
-        return live, rebuilt
+    def _range_end(self, cur: sqlite3.Cursor, lo: UUID, batch: int) -> UUID:
+        ends = []
+        for name in ("range_end_runs", "range_end_log"):
+            row = cur.execute(self.q[name], {"lo": lo.hex, "skip": batch - 1}).fetchone()
+            ends.append(UUID(row["run_id"]) if row is not None else None)
+        return range_end(ends)
 
-    def _log(self, cur: sqlite3.Cursor) -> Iterator[tuple[UUID, RunEvent, datetime]]:
-        cur.execute(self.q["select_log"])
+    def _log(
+        self, cur: sqlite3.Cursor, bounds: dict[str, str]
+    ) -> Iterator[tuple[UUID, RunEvent, datetime]]:
+        cur.execute(self.q["range_log"], bounds)
         while batch := cur.fetchmany(2000):
             for r in batch:
                 at = to_datetime(r["recorded_at"])
@@ -836,25 +853,28 @@ class SQLiteRunStore(ClaimsOne):
                 where = f"event {r['version']} of run {run_id}"
                 yield run_id, decode_event(r["topic"], bytes(r["state"]), where=where), at
 
-    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int:
-        """Replace the run index with one folded from the log, under the write lock."""
+    def rebuild_index(
+        self, progress: Callable[[int], None] | None = None, *, batch: int = REBUILD_RANGE
+    ) -> int:
+        """Replace the run index with one folded from the log, one keyset range of run ids
+        per write transaction (ADR 0040): the range's log is read and its rows replaced
+        under the write lock, so no writer can change the range in between, and writers
+        wait for one range at most, never for the whole rebuild. Returns the number of
+        runs."""
         count = 0
-        with self._write() as (cur, _):
-            reader = cur.connection.cursor()
-            cur.execute(self.q["delete_all_runs"])
-            chunk: list[dict[str, Any]] = []
-            for row in rebuild_rows(self._log(reader)):
-                chunk.append(self._row_params(row))
-                count += 1
-                if len(chunk) >= 1000:
-                    cur.executemany(self.q["insert_row"], chunk)
-                    chunk = []
-                    if progress is not None:
-                        progress(count)
-            if chunk:
-                cur.executemany(self.q["insert_row"], chunk)
-        if progress is not None:
-            progress(count)
+        lo: UUID | None = FIRST_ID
+        while lo is not None:
+            with self._write() as (cur, _):
+                hi = self._range_end(cur, lo, batch)
+                bounds = {"lo": lo.hex, "hi": hi.hex}
+                rows = [self._row_params(r) for r in rebuild_rows(self._log(cur, bounds))]
+                cur.execute(self.q["delete_range_rows"], bounds)
+                if rows:
+                    cur.executemany(self.q["insert_row"], rows)
+            count += len(rows)
+            if progress is not None:
+                progress(count)
+            lo = after(hi)
         return count
 
     @staticmethod
@@ -876,21 +896,21 @@ class SQLiteRunStore(ClaimsOne):
     # -- retention -------------------------------------------------------------------------------
 
     def count_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> int:
-        row = self._one(
-            "count_purgeable",
-            {"statuses": json.dumps(list(statuses)), "cutoff": to_us(cutoff), "now": self.now_us()},
-        )
-        return int(row["n"]) if row is not None else 0
+        now = self.now_us()
+        with self._read() as cur:
+            return sum(
+                int(cur.execute(
+                    self.q["count_purgeable"], {"status": s, "cutoff": to_us(cutoff), "now": now}
+                ).fetchone()["n"])
+                for s in dict.fromkeys(statuses)
+            )  # fmt: skip
 
     def live_purgeable(self, *, statuses: Sequence[str], cutoff: datetime) -> list[UUID]:
+        if RunStatus.RUNNING.value not in statuses:
+            return []  # only a running run can be held under a lease
         with self._read() as cur:
             cur.execute(
-                self.q["select_live_purgeable"],
-                {
-                    "statuses": json.dumps(list(statuses)),
-                    "cutoff": to_us(cutoff),
-                    "now": self.now_us(),
-                },
+                self.q["select_live_purgeable"], {"cutoff": to_us(cutoff), "now": self.now_us()}
             )
             return [UUID(r["run_id"]) for r in cur.fetchall()]
 
@@ -907,16 +927,20 @@ class SQLiteRunStore(ClaimsOne):
         including what each user projection keeps of them (its `forget`); deleted content is
         overwritten (secure_delete) so it does not linger in the file."""
         with self._write() as (cur, at):
-            cur.execute(
-                self.q["select_purgeable"],
-                {
-                    "statuses": json.dumps(list(statuses)),
-                    "cutoff": to_us(cutoff),
-                    "limit": limit,
-                    "now": at,
-                },
-            )
-            ids = [UUID(r["run_id"]) for r in cur.fetchall()]
+            ids: list[UUID] = []
+            for status in dict.fromkeys(statuses):  # one index walk per status (ADR 0041)
+                if len(ids) >= limit:
+                    break
+                cur.execute(
+                    self.q["select_purgeable"],
+                    {
+                        "status": status,
+                        "cutoff": to_us(cutoff),
+                        "limit": limit - len(ids),
+                        "now": at,
+                    },
+                )
+                ids += [UUID(r["run_id"]) for r in cur.fetchall()]
             if ids:
                 params = {"ids": json.dumps([i.hex for i in ids]), "category": category, "now": at}
                 for statement in statements(self.q["purge_runs"]):
@@ -951,6 +975,16 @@ class SQLiteRunStore(ClaimsOne):
     def reporting_read(self) -> Iterator[_SqliteTx]:
         with self._read() as cur:
             yield _SqliteTx(cur, self.q)
+
+    @contextmanager
+    def reporting_snapshot(self) -> Iterator[_SqliteTx]:
+        """A read transaction: one WAL snapshot for all its statements."""
+        with self._read() as cur:
+            cur.execute("BEGIN")
+            try:
+                yield _SqliteTx(cur, self.q)
+            finally:
+                cur.execute("COMMIT")
 
     @contextmanager
     def scratch(self) -> Iterator[Callable[[], AbstractContextManager[_SqliteTx]]]:

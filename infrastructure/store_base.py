@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
+from uuid import UUID
 
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.journal import JournalEntry
@@ -137,3 +138,28 @@ def settled_load(run: Run, at: datetime) -> tuple[list[tuple[int, str, bytes, da
     row = rebuild_row(zip(run.pending_events, instants, strict=True))
     assert row is not None
     return events, row
+
+
+# Keyset ranges of run ids for `verify` and `rebuild run-index` (ADR 0040): inclusive bounds,
+# from the smallest id to the largest, each range holding at most `RANGE_RUNS` rows of the
+# index and `RANGE_RUNS` events of the log (plus the rest of its last run's events).
+RANGE_RUNS = 2000
+# A rebuild range is smaller: writers wait for it (on SQLite every writer, under the one
+# write lock; on PostgreSQL the writers of its runs, on their rows), and a worker whose
+# append waits for half a lease fences itself (ADR 0007), so a range must take tens of
+# milliseconds, not seconds, even on a loaded machine.
+REBUILD_RANGE = 500
+FIRST_ID = UUID(int=0)
+LAST_ID = UUID(int=(1 << 128) - 1)
+
+
+def range_end(candidates: Sequence[UUID | None]) -> UUID:
+    """Where a range ends: the nearest of the candidate ends (the index's, the log's), or
+    the largest id if neither has that many runs left (the last range)."""
+    found = [c for c in candidates if c is not None]
+    return min(found) if found else LAST_ID
+
+
+def after(run_id: UUID) -> UUID | None:
+    """The id a range that ends at `run_id` is followed from (None after the last)."""
+    return UUID(int=run_id.int + 1) if run_id != LAST_ID else None

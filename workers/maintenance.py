@@ -1,22 +1,23 @@
 """Maintenance of the views: rebuild them from the log, and verify live == rebuilt.
 
-Verification folds the log into a scratch copy in memory with the same pure folds the live
-views use (`projections/`), then compares. The run index is compared over the whole log;
-the reporting views up to the position their runner has reached, so a runner that lags is
-not mistaken for drift.
+Verification folds the log with the same pure folds the live views use (`projections/`),
+then compares. Both go through the run ids in keyset ranges (ADR 0040), each range read in
+one snapshot, so memory holds one range, never one row per run. The run index is compared
+over the whole log; the reporting views up to the position their runner had reached when
+the range was read, so a runner that lags is not mistaken for drift.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
+from uuid import UUID
 
 from steptrail.projections.reporting import (
     DeadLetterRow,
     Notification,
     Position,
     RunSummary,
-    counts_from,
     fold_batch,
     normalise_dead_letter,
     normalise_summary,
@@ -27,17 +28,31 @@ REBUILDABLE = ("all", "run-index", "reporting")
 
 
 class IndexStore(Protocol):
-    def index_and_rebuilt(self) -> tuple[list[RunRow], list[RunRow]]: ...
-    def rebuild_index(self, progress: Callable[[int], None] | None = None) -> int: ...
+    def index_ranges(self, batch: int = ...) -> Iterator[tuple[list[RunRow], list[RunRow]]]: ...
+    def rebuild_index(
+        self, progress: Callable[[int], None] | None = None, *, batch: int = ...
+    ) -> int: ...
+
+
+class ViewsRange(Protocol):
+    @property
+    def last(self) -> UUID: ...
+    @property
+    def position(self) -> Position: ...
+    @property
+    def summaries(self) -> list[RunSummary]: ...
+    @property
+    def dead_letters(self) -> list[DeadLetterRow]: ...
+    @property
+    def notifications(self) -> list[Notification]: ...
 
 
 class Views(Protocol):
-    def position(self) -> Position: ...
     def head(self) -> int: ...
-    def summaries(self) -> list[RunSummary]: ...
-    def status_counts(self) -> dict[tuple[str, str], int]: ...
-    def all_dead_letters(self) -> list[DeadLetterRow]: ...
-    def notifications(self, *, upto: Position, batch: int = 5000) -> Iterator[Notification]: ...
+    def range_from(self, lo: UUID, *, batch: int = ...) -> ViewsRange: ...
+    def counts_and_counted(
+        self,
+    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]: ...
     def rebuild(
         self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None
     ) -> int: ...
@@ -66,33 +81,41 @@ def rebuild(
     return done
 
 
-def verify_index(store: IndexStore) -> list[str]:
-    """Differences between the live run index and one rebuilt from the log, both read in
-    one snapshot (workers may be writing)."""
-    index, from_log = store.index_and_rebuilt()
-    live = {r.run_id: normalise(r) for r in index}
-    rebuilt = {r.run_id: normalise(r) for r in from_log}
-    return differences("run index", live, rebuilt)
+def verify_index(store: IndexStore, *, batch: int | None = None) -> list[str]:
+    """Differences between the live run index and one rebuilt from the log, range by range
+    of run ids, each range's rows and log read in one snapshot (workers may be writing).
+    `batch` bounds a range (the store's default if None)."""
+    problems: list[str] = []
+    ranges = store.index_ranges() if batch is None else store.index_ranges(batch)
+    for index, from_log in ranges:
+        live = {r.run_id: normalise(r) for r in index}
+        rebuilt = {r.run_id: normalise(r) for r in from_log}
+        problems += differences("run index", live, rebuilt)
+    return sorted(problems)
 
 
-def verify_views(views: Views, *, attempts: int = 5) -> list[str]:
-    """Differences between the live reporting views and a scratch fold of the log up to the
-    same position (read again until no batch committed in between)."""
-    for _ in range(attempts):
-        position = views.position()
-        live = {s.run_id: normalise_summary(s) for s in views.summaries()}
-        counts = views.status_counts()
-        dead = {d.run_id: normalise_dead_letter(d) for d in views.all_dead_letters()}
-        if views.position() == position:
-            break
-    scratch = fold_batch({}, views.notifications(upto=position))
-    rebuilt = {k: normalise_summary(v) for k, v in scratch.summaries.items()}
-    problems = differences("run summaries", live, rebuilt)
-    expected = {k: v for k, v in counts_from(scratch.summaries.values()).items() if v}
-    if counts != expected:
-        problems.append(f"status counts: live {counts} != rebuilt {expected}")
-    rebuilt_dead = {d.run_id: normalise_dead_letter(d) for d in scratch.dead_letters}
-    return problems + differences("dead letters", dead, rebuilt_dead)
+def verify_views(views: Views, *, batch: int | None = None) -> list[str]:
+    """Differences between the live reporting views and a fold of the log, range by range
+    of run ids: each range's summaries and dead letters against a fold of its runs' events
+    up to the position the views had reached, all read in one snapshot. The status counts
+    are compared with the summaries counted, in one snapshot: the summaries are checked
+    against the log, the counts against the summaries."""
+    problems: list[str] = []
+    lo: UUID | None = UUID(int=0)
+    while lo is not None:
+        part = views.range_from(lo) if batch is None else views.range_from(lo, batch=batch)
+        scratch = fold_batch({}, part.notifications)
+        live = {s.run_id: normalise_summary(s) for s in part.summaries}
+        rebuilt = {k: normalise_summary(v) for k, v in scratch.summaries.items()}
+        problems += differences("run summaries", live, rebuilt)
+        dead = {d.run_id: normalise_dead_letter(d) for d in part.dead_letters}
+        rebuilt_dead = {d.run_id: normalise_dead_letter(d) for d in scratch.dead_letters}
+        problems += differences("dead letters", dead, rebuilt_dead)
+        lo = UUID(int=part.last.int + 1) if part.last.int < (1 << 128) - 1 else None
+    counts, counted = views.counts_and_counted()
+    if counts != counted:
+        problems.append(f"status counts: live {counts} != rebuilt {counted}")
+    return sorted(problems)
 
 
 def differences(what: str, live: Mapping[Any, Any], rebuilt: Mapping[Any, Any]) -> list[str]:

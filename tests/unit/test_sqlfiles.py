@@ -20,6 +20,16 @@ BACKEND_ONLY: dict[str, str] = {
     "append_one": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
     "lock_for_rebuild": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
+    **dict.fromkeys(
+        ("lock_range", "upsert_row", "insert_missing_row", "delete_rows"),
+        "PostgreSQL: a range of the run index is rebuilt under its rows' locks; SQLite's "
+        "BEGIN IMMEDIATE holds every writer for the range (ADR 0040)",
+    ),
+    **dict.fromkeys(
+        ("delete_range_rows", "insert_row"),
+        "SQLite: a range is rebuilt under the write lock, its rows deleted and inserted "
+        "(ADR 0040); insert_row also bulk-loads (PostgreSQL: COPY)",
+    ),
     "listen_queued": "PostgreSQL: SQLite has no LISTEN; its workers poll",
     "claim_rows": "SQLite: PostgreSQL's claim updates the rows in its one statement",
     "insert_runs": "PostgreSQL: enqueue_many's one statement per batch (SQLite: executemany "

@@ -21,10 +21,10 @@ SELECT version FROM steptrail_schema_migrations ORDER BY version;
 INSERT INTO steptrail_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: lock_for_rebuild
--- Only a rebuild of the run index stops the world: every writer touches its run's row before
--- the log, so locking the index first (then the log) waits for writers in flight and holds
--- new ones back until the rebuilt index commits.
-LOCK TABLE steptrail_runs, steptrail_events IN EXCLUSIVE MODE;
+-- A range of the run index is rebuilt as a writer (ADR 0040): it holds ROW EXCLUSIVE from
+-- its first statement, like every writer, so the reaper's SHARE lock waits for it as for any
+-- writer in flight instead of slipping in between its row locks and its writes.
+LOCK TABLE steptrail_runs IN ROW EXCLUSIVE MODE;
 
 -- name: insert_run
 -- A new run's row, creation event and saved request, unless its idempotency key is taken:
@@ -239,10 +239,28 @@ WHERE originator_id = %(run_id)s AND originator_version >= %(first)s
 ORDER BY originator_version
 LIMIT %(limit)s;
 
--- name: select_log
--- Every event of every run, run by run, for rebuilding the run index.
+-- name: range_end_runs
+-- `verify` and `rebuild run-index` go through the run ids in keyset ranges (ADR 0040): the
+-- `skip`+1-th id of the index from `lo` on (a walk of the primary key of one range)...
+SELECT run_id FROM steptrail_runs WHERE run_id >= %(lo)s ORDER BY run_id
+LIMIT 1 OFFSET %(skip)s;
+
+-- name: range_end_log
+-- ... and the run of the log's `skip`+1-th event from `lo` on, so that a range holds at most
+-- that many rows and that many events (plus the rest of its last run's), even where the
+-- index and the log disagree.
+SELECT originator_id AS run_id FROM steptrail_events
+WHERE originator_id >= %(lo)s
+ORDER BY originator_id, originator_version LIMIT 1 OFFSET %(skip)s;
+
+-- name: range_runs
+SELECT * FROM steptrail_runs WHERE run_id BETWEEN %(lo)s AND %(hi)s ORDER BY run_id;
+
+-- name: range_log
+-- The events of one range of runs, run by run, for rebuilding their index rows.
 SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
 FROM steptrail_events
+WHERE originator_id BETWEEN %(lo)s AND %(hi)s
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
@@ -257,11 +275,10 @@ ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
 -- name: select_runs_status
--- A status other than running: a backward walk of that status's slice of the partial
--- status index, which stops after the page (migration 0016). `status <> 'running'` is
--- spelled out so that the planner can prove the partial index applies.
+-- A status other than running: a backward walk of that status's slice of the status index
+-- (status, created_at, run_id) of migration 0017, which stops after the page (ADR 0042).
 SELECT * FROM steptrail_runs
-WHERE status = %(status)s AND status <> 'running'
+WHERE status = %(status)s
   AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
@@ -297,11 +314,22 @@ SELECT * FROM steptrail_runs ORDER BY run_id;
 -- landing between the two reads looks like drift. First statement of its transaction.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
--- name: delete_all_runs
-DELETE FROM steptrail_runs;
+-- name: lock_range
+-- PostgreSQL: the index rows of one range, locked in id order before its log is read
+-- (ADR 0040). Every writer of a run takes its row before it writes the log, so until this
+-- transaction ends no append, claim or purge can change what the range's log says: an
+-- append waits here, then finds the version it expects; a claim skips these rows. Runs
+-- enqueued into the range meanwhile are not locked, and are left as their enqueue wrote
+-- them (insert_missing_row).
+SELECT run_id FROM steptrail_runs WHERE run_id BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_id FOR UPDATE;
 
--- name: insert_row
--- A rebuilt row, with the instants the fold computed from the events' recorded_at.
+-- name: delete_rows
+-- PostgreSQL: locked rows of runs the log does not hold.
+DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
+
+-- name: upsert_row
+-- PostgreSQL: a locked row (or one that was missing), replaced by its rebuild.
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
@@ -311,14 +339,38 @@ INSERT INTO steptrail_runs (
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
-);
+)
+ON CONFLICT (run_id) DO UPDATE SET
+    agent = excluded.agent, status = excluded.status, version = excluded.version,
+    segment = excluded.segment, holder = excluded.holder, lease_ms = excluded.lease_ms,
+    claim_version = excluded.claim_version, requeue_count = excluded.requeue_count,
+    reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
+    lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
+    created_at = excluded.created_at, updated_at = excluded.updated_at;
+
+-- name: insert_missing_row
+-- PostgreSQL: the row of a run in the range's log that was not in the index when the range
+-- was locked. Either the index had lost it (inserted here), or the run was enqueued after
+-- the lock: then its enqueue wrote the row with its event, a worker may have claimed it
+-- since, and that row stands.
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, segment, holder, lease_ms, claim_version,
+    requeue_count, reason, idempotency_key, doc,
+    lease_expires_at, available_at, created_at, updated_at
+) VALUES (
+    %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
+    %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
+    %(idempotency_key)s, %(doc)s,
+    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
+)
+ON CONFLICT (run_id) DO NOTHING;
 
 -- name: copy_events
 -- bulk_load_settled (benchmark databases only, ADR 0044): whole logs of settled runs.
 COPY steptrail_events (originator_id, originator_version, topic, state, recorded_at) FROM STDIN;
 
 -- name: copy_runs
--- bulk_load_settled: their index rows, as rebuild folds them (insert_row's columns).
+-- bulk_load_settled: their index rows, as rebuild folds them (upsert_row's columns).
 COPY steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
@@ -437,6 +489,33 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 -- name: select_all_dead_letters
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
 
+-- name: range_end_summaries
+-- `verify` of the views goes through the run ids in keyset ranges too (ADR 0040).
+SELECT run_id FROM steptrail_view_run_summaries WHERE run_id >= %(lo)s ORDER BY run_id
+LIMIT 1 OFFSET %(skip)s;
+
+-- name: range_summaries
+SELECT * FROM steptrail_view_run_summaries WHERE run_id BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_id;
+
+-- name: range_dead_letters
+SELECT * FROM steptrail_view_dead_letters WHERE run_id BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_id;
+
+-- name: range_notifications
+-- The events of one range of runs up to a position the views reached, in reading order.
+SELECT notification_id, tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state
+FROM steptrail_events
+WHERE originator_id BETWEEN %(lo)s AND %(hi)s
+  AND (tx_id, notification_id) <= (%(upto_tx)s::bigint, %(upto)s::bigint)
+ORDER BY tx_id, notification_id;
+
+-- name: count_summaries
+-- What the status counts must equal: the summaries counted (one pass, constant memory).
+SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
+GROUP BY agent, status ORDER BY agent, status;
+
 -- name: queue_health
 -- Live figures from the run index (not a view): the oldest queued run (the first entry of
 -- the queued-since index, ADR 0042) and expired leases (counted along the lease index by
@@ -447,28 +526,32 @@ SELECT
     now() AS now;
 
 -- name: count_purgeable
+-- The runs of one status due for purging, counted along the (status, created_at, run_id)
+-- index (migration 0017): the window, not the table (ADR 0041).
 SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+WHERE status = %(status)s AND created_at < %(cutoff)s
   AND NOT (status = 'running' AND lease_expires_at >= now());
 
 -- name: select_live_purgeable
--- Runs in the window that a worker holds under a live lease: never purged (a write tool in
--- flight would lose its marker), reported as skipped.
+-- Running runs in the window that a worker holds under a live lease: never purged (a write
+-- tool in flight would lose its marker), reported as skipped. Asked only of a category that
+-- purges running runs.
 SELECT run_id FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
-  AND status = 'running' AND lease_expires_at >= now()
-ORDER BY created_at, run_id;
+WHERE status = 'running' AND created_at < %(cutoff)s AND lease_expires_at >= now()
+ORDER BY status, created_at, run_id;
 
 -- name: select_purgeable
--- Oldest first, each row locked: a writer of one of these runs waits, then finds it gone
+-- The oldest runs of one status due for purging, along the (status, created_at, run_id)
+-- index (migration 0017), so the walk stops after the batch whatever the database holds
+-- (ADR 0041). Each row locked: a writer of one of these runs waits, then finds it gone
 -- (its append fails like any fenced append). A row whose status changed meanwhile is
 -- re-checked against the condition and skipped if it no longer matches. A run held under a
 -- live lease is never purged: a renewal that landed while we waited for the row makes the
 -- re-check fail.
 SELECT run_id FROM steptrail_runs
-WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s::text[])
+WHERE status = %(status)s AND created_at < %(cutoff)s
   AND NOT (status = 'running' AND lease_expires_at >= now())
-ORDER BY created_at, run_id
+ORDER BY status, created_at, run_id
 LIMIT %(limit)s
 FOR UPDATE;
 -- name: purge_runs

@@ -178,9 +178,27 @@ WHERE originator_id = :run_id AND originator_version >= :first
 ORDER BY originator_version
 LIMIT :limit;
 
--- name: select_log
+-- name: range_end_runs
+-- `verify` and `rebuild run-index` go through the run ids in keyset ranges (ADR 0040): the
+-- `skip`+1-th id of the index from `lo` on (an index walk of one range)...
+SELECT run_id FROM steptrail_runs WHERE run_id >= :lo ORDER BY run_id LIMIT 1 OFFSET :skip;
+
+-- name: range_end_log
+-- ... and the run of the log's `skip`+1-th event from `lo` on, so that a range holds at most
+-- that many rows and that many events (plus the rest of its last run's), even where the
+-- index and the log disagree.
+SELECT originator_id AS run_id FROM steptrail_events
+WHERE originator_id >= :lo
+ORDER BY originator_id, originator_version LIMIT 1 OFFSET :skip;
+
+-- name: range_runs
+SELECT * FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi ORDER BY run_id;
+
+-- name: range_log
+-- The events of one range of runs, run by run, for rebuilding their index rows.
 SELECT originator_id AS run_id, originator_version AS version, recorded_at, topic, state
 FROM steptrail_events
+WHERE originator_id BETWEEN :lo AND :hi
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
@@ -195,10 +213,10 @@ ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
 -- name: select_runs_status
--- A status other than running: a backward walk of that status's slice of the partial
--- status index, which stops after the page (migration 0016).
+-- A status other than running: a backward walk of that status's slice of the status index
+-- (status, created_at[, run_id]) of migration 0017, which stops after the page (ADR 0042).
 SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
-WHERE status = :status AND status <> 'running'
+WHERE status = :status
   AND (created_at, run_id) < (:before_at, :before_id)
   AND (:agent IS NULL OR agent = :agent)
   AND (:reason IS NULL OR reason = :reason)
@@ -234,8 +252,9 @@ SELECT * FROM steptrail_runs ORDER BY run_id;
 -- PostgreSQL sets REPEATABLE READ here; SQLite's read transaction is one WAL snapshot.
 SELECT 1;
 
--- name: delete_all_runs
-DELETE FROM steptrail_runs;
+-- name: delete_range_rows
+-- SQLite: a range is rebuilt under the write lock, so its rows are simply replaced.
+DELETE FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi;
 
 -- name: insert_row
 INSERT INTO steptrail_runs (
@@ -345,6 +364,32 @@ SELECT * FROM steptrail_view_run_summaries ORDER BY run_id;
 -- name: select_all_dead_letters
 SELECT * FROM steptrail_view_dead_letters ORDER BY run_id;
 
+-- name: range_end_summaries
+-- `verify` of the views goes through the run ids in keyset ranges too (ADR 0040).
+SELECT run_id FROM steptrail_view_run_summaries WHERE run_id >= :lo ORDER BY run_id
+LIMIT 1 OFFSET :skip;
+
+-- name: range_summaries
+SELECT * FROM steptrail_view_run_summaries WHERE run_id BETWEEN :lo AND :hi
+ORDER BY run_id;
+
+-- name: range_dead_letters
+SELECT * FROM steptrail_view_dead_letters WHERE run_id BETWEEN :lo AND :hi
+ORDER BY run_id;
+
+-- name: range_notifications
+-- The events of one range of runs up to a position the views reached, in reading order.
+SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
+       recorded_at, topic, state
+FROM steptrail_events
+WHERE originator_id BETWEEN :lo AND :hi AND notification_id <= :upto
+ORDER BY notification_id;
+
+-- name: count_summaries
+-- What the status counts must equal: the summaries counted (one pass, constant memory).
+SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
+GROUP BY agent, status ORDER BY agent, status;
+
 -- name: queue_health
 -- The stale leases are counted along the lease index (ADR 0037): they cost the stale runs;
 -- the oldest queued run is the first entry of the queued-since index (ADR 0042).
@@ -356,32 +401,40 @@ SELECT
     :now AS now;
 
 -- name: count_purgeable
-SELECT count(*) AS n FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+-- The runs of one status due for purging, counted along the (status, created_at) index
+-- (migration 0017): the window, not the table (ADR 0041).
+SELECT count(*) AS n FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = :status AND created_at < :cutoff
   AND NOT (status = 'running' AND lease_expires_at >= :now);
 
 -- name: select_live_purgeable
--- Runs in the window that a worker holds under a live lease: never purged (a write tool in
--- flight would lose its marker), reported as skipped.
-SELECT run_id FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
-  AND status = 'running' AND lease_expires_at >= :now
+-- Running runs in the window that a worker holds under a live lease: never purged (a write
+-- tool in flight would lose its marker), reported as skipped. Asked only of a category that
+-- purges running runs.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = 'running' AND created_at < :cutoff AND lease_expires_at >= :now
 ORDER BY created_at, run_id;
 
 -- name: select_purgeable
-SELECT run_id FROM steptrail_runs
-WHERE created_at < :cutoff AND status IN (SELECT value FROM json_each(:statuses))
+-- The oldest runs of one status due for purging, along the (status, created_at) index
+-- (migration 0017): the walk stops after the batch, however many runs the database holds
+-- (ADR 0041). A run held under a live lease is never purged.
+SELECT run_id FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = :status AND created_at < :cutoff
   AND NOT (status = 'running' AND lease_expires_at >= :now)
 ORDER BY created_at, run_id
 LIMIT :limit;
 
 -- name: purge_runs
-UPDATE steptrail_view_status_counts SET count = count - (
-    SELECT count(*) FROM steptrail_view_run_summaries AS s
-    WHERE s.run_id IN (SELECT value FROM json_each(:ids))
-      AND s.agent = steptrail_view_status_counts.agent
-      AND s.status = steptrail_view_status_counts.status
-);
+-- The counts move by the purged summaries' own (agent, status) pairs, found by key: a batch
+-- costs its runs, not every summary of those statuses (ADR 0041).
+UPDATE steptrail_view_status_counts SET count = count - d.n
+FROM (
+    SELECT agent, status, count(*) AS n FROM steptrail_view_run_summaries
+    WHERE run_id IN (SELECT value FROM json_each(:ids)) GROUP BY agent, status
+) AS d
+WHERE steptrail_view_status_counts.agent = d.agent
+  AND steptrail_view_status_counts.status = d.status;
 DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));

@@ -50,14 +50,8 @@ FOR EACH ROW
 WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.reason IS DISTINCT FROM NEW.reason)
 EXECUTE FUNCTION steptrail_count_reasons();
 
--- 2. `runs --status S`, newest first: an index whose key is the listing's order within a
--- status, so a page walks its rows backwards and stops (keyset on (created_at, run_id)).
--- Partial: a running run is never in it, so the update each step makes to a running row
--- adds no entry here; running runs are few, and are listed along the lease index. It cannot
--- serve the claim or the reaper (neither can take its order without a sort, which their
--- functions disable; ADR 0037, tests/integration/test_planner_proof.py).
-CREATE INDEX IF NOT EXISTS steptrail_runs_status_created_idx
-    ON steptrail_runs (status, created_at, run_id) WHERE status <> 'running';
+-- 2. `runs --status S` walks steptrail_runs_status_created_idx (status, created_at, run_id),
+-- which migration 0017 creates for purge (ADR 0041); nothing to add here.
 
 -- 3. The oldest queued run (`stats`, metrics): min(updated_at) read every queued run; the
 -- query now walks this index for its first entry (steptrail_oldest_queued).

@@ -45,12 +45,8 @@ BEGIN
     VALUES (new.status, new.reason, 1)
     ON CONFLICT (status, reason) DO UPDATE SET count = count + 1; END;
 
--- 2. `runs --status S`, newest first: an index whose key is the listing's order within a
--- status, so a page walks its rows and stops (keyset on (created_at, run_id)). Partial: a
--- running run is never in it (on PostgreSQL every step's update of a running row would add
--- an entry otherwise); running runs are few, and are listed along the lease index.
-CREATE INDEX IF NOT EXISTS steptrail_runs_status_created_idx
-    ON steptrail_runs (status, created_at, run_id) WHERE status <> 'running';
+-- 2. `runs --status S` walks steptrail_runs_status_created_idx, which migration 0017 creates
+-- for purge (ADR 0041); nothing to add here.
 
 -- 3. The oldest queued run (`stats`, metrics): min(updated_at) read every queued run.
 CREATE INDEX IF NOT EXISTS steptrail_runs_queued_since_idx
