@@ -743,10 +743,13 @@ class SQLiteRunStore(ClaimsOne):
             return journal_from_rows(cur.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
-        """Running runs whose lease expired, read inside the write lock so that a renewal
-        that got the lock first is seen (ADR 0016)."""
-        with self._write() as (cur, at):
-            cur.execute(self.q["select_stale"], {"now": at, "limit": limit})
+        """Running runs whose lease ran out before this pass asked for the write lock, read
+        inside it so that a renewal that got the lock first is seen (ADR 0016). Judged at
+        the request, not at the grant (ADR 0049): a renewal that waited behind this pass was
+        sent while its lease still ran, and is not judged by a clock that moved on meanwhile."""
+        asked = self.now_us()
+        with self._write() as (cur, _):
+            cur.execute(self.q["select_stale"], {"now": asked, "limit": limit})
             return [run_from_row(r) for r in cur.fetchall()]
 
     def history(

@@ -117,3 +117,27 @@ def test_lease_clock__reaper_waits_for_a_queued_renewal(store: Any, db_url: str)
     assert reap_box["value"].requeued == 0
     assert store.row(run.id).status is RunStatus.RUNNING
     assert store.row(run.id).state.version == run.version
+
+
+def test_lease_clock__renewal_queued_behind_the_reaper_is_not_reclaimed(
+    store: Any, db_url: str
+) -> None:
+    """The reaper asks first, then the holder sends its renewal while its lease still runs;
+    the lock outlasts the lease. The reaper is let in first and must not find the run stale:
+    it judges leases at the instant it asked (ADR 0049). Judged at the instant it was let
+    in, the run was stale, and only the race between the woken renewal and the reclaim
+    decided whether a live run was taken from its worker."""
+    run = claimed_run(store)
+    run.renew_lease()
+    with locked(db_url):
+        time.sleep(0.05)
+        look, look_box = in_thread(lambda: store.stale(10))
+        time.sleep(0.2)  # the reaper is waiting; the lease (0.8 s) still runs
+        beat, beat_box = in_thread(lambda: store.append(run))
+        time.sleep(WAIT_S)  # the lock outlasts the lease
+        assert look.is_alive(), "the reaper must be waiting on the lock"
+    look.join(10)
+    beat.join(10)
+    assert "error" not in look_box, look_box
+    assert "error" not in beat_box, beat_box
+    assert [r.id for r in look_box["value"]] == []

@@ -221,8 +221,10 @@ LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
 -- Only running runs whose lease expired by the store's clock, oldest deadline first; the
 -- partial index on lease_expires_at makes this proportional to the stale runs returned, and
 -- steptrail_stale (migration 0010) walks only that index, whatever the statistics say (ADR
--- 0037). statement_timestamp(): this statement starts after lock_for_reaper was granted,
--- and unlike clock_timestamp() it is stable, so the lease index can answer the comparison.
+-- 0037). Leases are judged at now(), the transaction's start, just before lock_for_reaper
+-- asked for its lock (migration 0019, ADR 0049): a renewal queued behind the same lock after
+-- the reaper was sent while its lease still ran, and is not judged by a clock that moved on
+-- while it waited. now() is stable, so the lease index can answer the comparison.
 SELECT * FROM steptrail_stale(%(limit)s::integer);
 
 -- name: select_history
