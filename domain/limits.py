@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+ENQUEUE_BATCH = 1000  # runs per statement (PostgreSQL) or transaction (SQLite) in enqueue_many
+MAX_DAYS = 36_500  # a hundred years: further and the cutoff date leaves the calendar
+
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays accepted anywhere in a stored value."""
 

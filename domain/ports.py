@@ -92,7 +92,11 @@ class RunStore(Protocol):
         """Running runs whose lease expired by the store's clock, oldest deadline first."""
         ...
 
-    def history(self, run_id: UUID) -> list[RecordedEvent]: ...
+    def history(
+        self, run_id: UUID, *, first: int = 1, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """The run's events in order from version `first`, at most `limit` of them."""
+        ...
 
     def wait_for_work(self, timeout: float) -> None:
         """Block until new work may be claimable, or `timeout` seconds pass."""

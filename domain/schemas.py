@@ -26,13 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import jsonschema
-import regex
-from jsonschema import validators
-from jsonschema.exceptions import ValidationError
-from referencing import Registry
-from referencing.exceptions import NoSuchResource, Unresolvable
-
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.errors import InvalidInput
 from steptrail.domain.limits import MAX_DEPTH, PayloadRejected, check_depth
@@ -84,6 +77,9 @@ def check_schema(schema: Any) -> dict[str, Any]:
         raise InvalidSchema(
             f"the input schema is {size:,} bytes; the limit is {MAX_SCHEMA_BYTES:,}"
         )
+    import jsonschema  # here, not at the top: a command that never checks input never pays
+    import regex  # for jsonschema and regex (ADR 0043)
+
     uses_patterns = uses_unevaluated = False
     for node in _dicts(schema):
         for key in REF_KEYS:
@@ -123,6 +119,9 @@ def _patterns(node: Mapping[str, Any]) -> list[Any]:
 
 
 def _dialect(schema: Mapping[str, Any]) -> type[Any]:
+    import jsonschema
+    from jsonschema import validators
+
     if "$schema" in schema:
         cls: Any = validators.validator_for(schema, default=_UNKNOWN)
         if cls is _UNKNOWN:
@@ -132,6 +131,8 @@ def _dialect(schema: Mapping[str, Any]) -> type[Any]:
 
 
 def _refuse(uri: str) -> Any:
+    from referencing.exceptions import NoSuchResource
+
     raise NoSuchResource(uri)
 
 
@@ -147,6 +148,8 @@ class _Budget:
         return left
 
     def search(self, pattern: str, text: str) -> bool:
+        import regex
+
         try:
             return regex.search(pattern, text, timeout=self.left()) is not None
         except TimeoutError:
@@ -155,6 +158,8 @@ class _Budget:
 
 def _bounded(base: type[Any], budget: _Budget) -> type[Any]:
     """`base` with every keyword checking the budget, and the regex keywords timed."""
+    from jsonschema import validators
+    from jsonschema.exceptions import ValidationError
 
     def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[Any]:
         if validator.is_type(instance, "string") and not budget.search(patrn, instance):
@@ -244,6 +249,9 @@ def validate_input(
         checked = check_schema(schema)
     except InvalidSchema as error:
         raise InvalidInput(f"the run declared a schema steptrail refuses: {error}") from None
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+
     budget = _Budget(clock, budget_s)
     cls = _bounded(_dialect(checked), budget)
     validator = cls(checked, registry=Registry(retrieve=_refuse))  # type: ignore[call-arg]

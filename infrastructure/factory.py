@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from contextlib import suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from steptrail.domain.errors import StoreUnavailable
-from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.sqlite import ReadOnlyStore, SQLiteRunStore, target_from_url
+
+if TYPE_CHECKING:  # imported when a PostgreSQL URL is opened: psycopg costs a SQLite process
+    from steptrail.infrastructure.postgres import PostgresRunStore
 
 
 class SchemaMissing(RuntimeError):
@@ -34,6 +37,8 @@ def open_store(
     store: PostgresRunStore | SQLiteRunStore
     created: Path | None = None
     if scheme in ("postgresql", "postgres"):
+        from steptrail.infrastructure.postgres import PostgresRunStore
+
         store = PostgresRunStore(url, pool_size=pool_size)
     elif scheme == "sqlite":
         path = target_from_url(url).path

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 from uuid import UUID, uuid4
@@ -45,6 +45,7 @@ from steptrail.infrastructure.store_base import (
     journal_from_rows,
     journal_rows,
     keeps_request,
+    listing_query,
     range_end,
     run_from_row,
     settled_load,
@@ -426,9 +427,15 @@ class PostgresRunStore(ClaimsOne):
             rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
             return [run_from_row(r) for r in rows]
 
-    def history(self, run_id: UUID) -> list[RecordedEvent]:
+    def history(
+        self, run_id: UUID, *, first: int = 1, limit: int | None = None
+    ) -> list[RecordedEvent]:
         with self._connection() as conn:
-            rows = conn.execute(self.q["select_history"], {"run_id": run_id}).fetchall()
+            if first <= 1 and limit is None:
+                rows = conn.execute(self.q["select_history"], {"run_id": run_id}).fetchall()
+            else:
+                params = {"run_id": run_id, "first": first, "limit": limit}
+                rows = conn.execute(self.q["select_history_page"], params).fetchall()
         return [
             RecordedEvent(
                 run_id=run_id,
@@ -443,11 +450,28 @@ class PostgresRunStore(ClaimsOne):
         ]
 
     def list_rows(
-        self, *, status: str | None, agent: str | None, reason: str | None, limit: int
+        self,
+        *,
+        status: str | None,
+        agent: str | None,
+        reason: str | None,
+        limit: int,
+        before: tuple[datetime, UUID] | None = None,
     ) -> list[RunRow]:
-        params = {"status": status, "agent": agent, "reason": reason, "limit": limit}
+        """Runs newest first, below the (created_at, run_id) key `before` (ADR 0042)."""
+        params = {
+            "status": status,
+            "agent": agent,
+            "reason": reason,
+            "limit": limit,
+            # Above every key: the last instant PostgreSQL keeps, and the largest uuid (a
+            # uuid4 never has it: its version nibble is 4).
+            "before_at": before[0] if before else datetime(9999, 12, 31, tzinfo=UTC),
+            "before_id": before[1] if before else UUID(int=(1 << 128) - 1),
+        }
+        name = listing_query(status)
         with self._connection() as conn:
-            return [_index_row(r) for r in conn.execute(self.q["select_runs"], params)]
+            return [_index_row(r) for r in conn.execute(self.q[name], params)]
 
     def failed_ids(
         self, *, agent: str | None, reason: str | None, since: datetime, limit: int

@@ -16,11 +16,10 @@ from pydantic import ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from steptrail.domain.enums import PrivacyLevel
-from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_REQUEST_BYTES
+from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_REQUEST_BYTES, MAX_DAYS
 from steptrail.domain.retry import RetryPolicy
 
 DEFAULT_RETENTION_DAYS = 30
-MAX_DAYS = 36_500  # a hundred years: further and the cutoff date leaves the calendar
 DAY_S = 86_400.0
 
 # name: (lowest, highest, whether the lowest itself is allowed)

@@ -45,6 +45,7 @@ from steptrail.infrastructure.store_base import (
     journal_from_rows,
     journal_rows,
     keeps_request,
+    listing_query,
     range_end,
     run_from_row,
     settled_load,
@@ -751,9 +752,19 @@ class SQLiteRunStore(ClaimsOne):
             cur.execute(self.q["select_stale"], {"now": asked, "limit": limit})
             return [run_from_row(r) for r in cur.fetchall()]
 
-    def history(self, run_id: UUID) -> list[RecordedEvent]:
+    def history(
+        self, run_id: UUID, *, first: int = 1, limit: int | None = None
+    ) -> list[RecordedEvent]:
         with self._read() as cur:
-            cur.execute(self.q["select_history"], {"run_id": run_id.hex})
+            if first <= 1 and limit is None:
+                cur.execute(self.q["select_history"], {"run_id": run_id.hex})
+            else:
+                params = {
+                    "run_id": run_id.hex,
+                    "first": first,
+                    "limit": -1 if limit is None else limit,
+                }
+                cur.execute(self.q["select_history_page"], params)
             rows = cur.fetchall()
         return [
             RecordedEvent(
@@ -769,11 +780,27 @@ class SQLiteRunStore(ClaimsOne):
         ]
 
     def list_rows(
-        self, *, status: str | None, agent: str | None, reason: str | None, limit: int
+        self,
+        *,
+        status: str | None,
+        agent: str | None,
+        reason: str | None,
+        limit: int,
+        before: tuple[datetime, UUID] | None = None,
     ) -> list[RunRow]:
-        params = {"status": status, "agent": agent, "reason": reason, "limit": limit}
+        """Runs newest first, below the (created_at, run_id) key `before` (ADR 0042)."""
+        params = {
+            "status": status,
+            "agent": agent,
+            "reason": reason,
+            "limit": limit,
+            # Above every key: the largest instant, and 'g' sorts after any hex id.
+            "before_at": to_us(before[0]) if before else 2**62,
+            "before_id": before[1].hex if before else "g",
+        }
+        name = listing_query(status)
         with self._read() as cur:
-            cur.execute(self.q["select_runs"], params)
+            cur.execute(self.q[name], params)
             return [_index_row(r) for r in cur.fetchall()]
 
     def failed_ids(

@@ -27,6 +27,14 @@ RESUMABLE = "resumable"
 LOAD_SPACING = timedelta(milliseconds=1)  # between the events of one bulk-loaded run
 
 
+def listing_query(status: str | None) -> str:
+    """The query that lists runs (`runs`, the inbox) for a status filter: one whose index
+    walk stops after the page (ADR 0042)."""
+    if status is None:
+        return "select_runs"
+    return "select_runs_running" if status == RunStatus.RUNNING.value else "select_runs_status"
+
+
 def state_params(state: RunState) -> dict[str, Any]:
     """The run index parameters for `state` (columns, document, retry delay)."""
     columns, document = split_state(state)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import sql as pgsql
-from psycopg.rows import DictRow
+if TYPE_CHECKING:  # psycopg is imported where PostgreSQL is used: a SQLite process never is
+    import psycopg
+    from psycopg.rows import DictRow
 
 
 @lru_cache(maxsize=512)
@@ -112,9 +112,13 @@ def sqlite_drop(cur: sqlite3.Cursor, table: str) -> None:
 
 
 def postgres_rows_of(conn: psycopg.Connection[DictRow], table: str) -> list[tuple[Any, ...]]:
+    from psycopg import sql as pgsql
+
     query = pgsql.SQL("SELECT * FROM {}").format(pgsql.Identifier(table))
     return [tuple(r.values()) for r in conn.execute(query)]
 
 
 def postgres_drop(conn: psycopg.Connection[DictRow], table: str) -> None:
+    from psycopg import sql as pgsql
+
     conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(table)))

@@ -15,10 +15,11 @@ from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
+from steptrail.domain.limits import ENQUEUE_BATCH
 from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
-from steptrail.runtime import ENQUEUE_BATCH, Runtime, open_runtime
+from steptrail.runtime import Runtime, open_runtime
 from steptrail.workers.decisions import PendingDecision, ResumeMode
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport

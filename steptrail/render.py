@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run
-from steptrail.projections.run_index import RunRow
+if TYPE_CHECKING:  # only named in annotations: importing them costs the pydantic models
+    from steptrail.domain.ports import RecordedEvent
+    from steptrail.domain.run import Run
+    from steptrail.projections.run_index import RunRow
 
 
 def inert(value: object) -> str:

@@ -24,13 +24,12 @@ from steptrail.domain.actors import check_actor
 from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, InvalidActor, UnknownRun, VersionConflict
-from steptrail.domain.limits import PayloadRejected, check_depth, check_size
+from steptrail.domain.limits import ENQUEUE_BATCH, PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RecordedEvent
 from steptrail.domain.run import Run, RunState, fold, writes_done
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.feed import FeedEntry, read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
-from steptrail.infrastructure.postgres import PostgresRunStore
 from steptrail.infrastructure.projection_store import (
     ProjectionStore,
     TrackedStatus,
@@ -57,11 +56,11 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from prometheus_client.registry import CollectorRegistry
 
+    from steptrail.infrastructure.postgres import PostgresRunStore
     from steptrail.worker_metrics import WorkerMetrics
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
-ENQUEUE_BATCH = 1000  # runs per statement (PostgreSQL) or transaction (SQLite) in enqueue_many
 ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor")
 
 
@@ -540,16 +539,27 @@ class Runtime:
         agent: str | None = None,
         reason: TerminationReason | str | None = None,
         limit: int = 50,
+        before: UUID | None = None,
     ) -> list[RunRow]:
         """Runs from the index, newest first, filtered (the inbox is `status=
-        waiting_for_approval`)."""
+        waiting_for_approval`); with `before`, the page after that run (the last row of
+        the previous page): keyset pages, each costing what it returns (ADR 0042).
+
+        Raises:
+            UnknownRun: `before` names no run.
+        """
         if limit < 1:
             raise ValueError("limit must be a positive integer")
+        key = None
+        if before is not None:
+            row = self.get(before)
+            key = (row.created_at, before)
         return self.store.list_rows(
             status=RunStatus(status).value if status else None,
             agent=agent,
             reason=TerminationReason(reason).value if reason else None,
             limit=limit,
+            before=key,
         )
 
     def get(self, run_id: UUID) -> RunRow:
@@ -563,10 +573,20 @@ class Runtime:
             raise self._unknown(run_id)
         return row
 
-    def history(self, run_id: UUID) -> list[RecordedEvent]:
-        """Every event of the run, in order, with the store's time of recording."""
-        events = self.store.history(run_id)
-        if not events:
+    def history(
+        self, run_id: UUID, *, first: int = 1, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """The run's events in order, with the store's time of recording: every one, or
+        from version `first`, at most `limit` of them (a page of a long trail, read by
+        primary key: it costs what it returns). Empty past the run's last version.
+
+        Raises:
+            UnknownRun: no such run.
+        """
+        if first < 1 or (limit is not None and limit < 1):
+            raise ValueError("first and limit must be positive integers")
+        events = self.store.history(run_id, first=first, limit=limit)
+        if not events and (first == 1 or self.store.row(run_id) is None):
             raise self._unknown(run_id)
         return events
 
@@ -682,10 +702,9 @@ class Runtime:
         Raises:
             UnknownRun; ValueError when the run has no such version.
         """
-        events = self.history(run_id)
-        if not 1 <= at_version <= len(events):
-            raise ValueError(f"run {run_id} has versions 1 to {len(events)}, not {at_version}")
-        upto = events[:at_version]
+        upto = self.history(run_id, limit=at_version)
+        if len(upto) < at_version:
+            raise ValueError(f"run {run_id} has versions 1 to {len(upto)}, not {at_version}")
         state = fold(e.event for e in upto)
         assert state is not None
         return state, upto

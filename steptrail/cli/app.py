@@ -17,30 +17,22 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 from uuid import UUID
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from steptrail.domain.errors import (
-    DigestMismatch,
-    IllegalTransition,
-    InvalidActor,
-    InvalidInput,
-    StoreUnavailable,
-    UnknownRun,
-    UnreadableEvent,
-)
-from steptrail.domain.limits import MAX_DEPTH, PayloadRejected, depth
-from steptrail.infrastructure.factory import ReadOnlyStore, SchemaMissing
-from steptrail.infrastructure.logging import configure_logging
-from steptrail.infrastructure.settings import Settings
+from steptrail.domain.limits import MAX_DEPTH, depth
 from steptrail.render import inert
-from steptrail.runtime import InvalidRequest, Runtime, open_runtime
-from steptrail.workers.execute import CorruptResumableState
-from steptrail.workers.registry import App, UnknownAgent
+
+# Everything else (the runtime, the stores and their drivers, settings, logging, progress
+# bars) is imported inside the function that needs it, so that `steptrail --help` and a
+# command's `--help` do not pay for it (ADR 0043; tests/unit/test_cli_imports.py).
+if TYPE_CHECKING:
+    from steptrail.infrastructure.settings import Settings
+    from steptrail.runtime import Runtime
+    from steptrail.workers.registry import App
 
 cli = typer.Typer(
     name="steptrail",
@@ -72,6 +64,8 @@ def fail(message: str, code: int) -> NoReturn:
 
 def load_app(ref: str) -> App:
     """The App at `module:attribute` (an App, or a callable returning one)."""
+    from steptrail.workers.registry import App
+
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         fail(f"--app must look like module:attribute, not {ref!r}", 2)
@@ -91,6 +85,21 @@ def load_app(ref: str) -> App:
 @contextmanager
 def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     """Open the runtime the global options describe, turning known failures into exits."""
+    from steptrail.domain.errors import (
+        DigestMismatch,
+        IllegalTransition,
+        InvalidActor,
+        InvalidInput,
+        StoreUnavailable,
+        UnknownRun,
+        UnreadableEvent,
+    )
+    from steptrail.domain.limits import PayloadRejected
+    from steptrail.infrastructure.factory import ReadOnlyStore
+    from steptrail.runtime import InvalidRequest
+    from steptrail.workers.execute import CorruptResumableState
+    from steptrail.workers.registry import UnknownAgent
+
     rt = _open(ctx, ensure_schema=True, **overrides)
     try:
         yield rt
@@ -113,6 +122,8 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
 
 def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
     """The settings the environment, the global options and `overrides` describe."""
+    from steptrail.infrastructure.settings import Settings
+
     options: Options = ctx.obj
     if options.database_url is not None:
         overrides = {**overrides, "database_url": options.database_url}
@@ -127,6 +138,11 @@ def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
 
 
 def _open(ctx: typer.Context, *, ensure_schema: bool, **overrides: Any) -> Runtime:
+    from steptrail.domain.errors import StoreUnavailable
+    from steptrail.infrastructure.factory import SchemaMissing
+    from steptrail.infrastructure.logging import configure_logging
+    from steptrail.runtime import open_runtime
+
     options: Options = ctx.obj
     settings = settings_for(ctx, **overrides)
     configure_logging(settings.log_format, settings.log_level)
@@ -142,6 +158,9 @@ def _open(ctx: typer.Context, *, ensure_schema: bool, **overrides: Any) -> Runti
 @contextmanager
 def unmigrated_runtime(ctx: typer.Context) -> Iterator[Runtime]:
     """A runtime whose schema may be missing or behind (for `migrate` only)."""
+    from steptrail.domain.errors import StoreUnavailable
+    from steptrail.infrastructure.factory import ReadOnlyStore
+
     rt = _open(ctx, ensure_schema=False)
     try:
         yield rt
@@ -156,6 +175,14 @@ def unmigrated_runtime(ctx: typer.Context) -> Iterator[Runtime]:
 @contextmanager
 def progress_bars(describe: Callable[[str], str]) -> Iterator[Callable[[str, int, int], None]]:
     """Progress bars on stderr, one per named task; yields `advance(name, done, total)`."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as bar:
         tasks: dict[str, Any] = {}
@@ -220,7 +247,13 @@ def parse_run_id(value: str) -> UUID:
 
 
 def emit_json(data: Any) -> None:
-    out.print_json(json.dumps(data, default=str))
+    """Print `data` as indented JSON: highlighted on a terminal; written as is otherwise
+    (the same text, without Rich laying out a long trail token by token)."""
+    text = json.dumps(data, default=str)
+    if out.is_terminal:
+        out.print_json(text)
+        return
+    out.file.write(json.dumps(json.loads(text), indent=2, ensure_ascii=False) + "\n")
 
 
 @cli.callback()

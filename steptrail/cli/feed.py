@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from steptrail.cli.app import cli, fail, runtime, stop_on_signals
 from steptrail.cli.runs import MAX_EVERY_S
-from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
+
+if TYPE_CHECKING:  # imported where used (ADR 0043)
+    from steptrail.infrastructure.feed import FeedEntry
 
 BATCH = 1000
 MAX_ENTRIES = 10**12  # a bound like every integer option's (a feed is long, not endless)
@@ -20,6 +22,8 @@ MAX_ENTRIES = 10**12  # a bound like every integer option's (a feed is long, not
 def feed_dict(entry: FeedEntry) -> dict[str, Any]:
     """One feed entry as JSON-compatible data: an event with its payload under `data`, or
     the marker of a purged event."""
+    from steptrail.infrastructure.feed import format_position
+
     base: dict[str, Any] = {
         "position": format_position(entry.position),
         "run_id": str(entry.run_id),
@@ -41,6 +45,8 @@ def feed_dict(entry: FeedEntry) -> dict[str, Any]:
 def _line(entry: FeedEntry, as_json: bool) -> str:
     if as_json:
         return json.dumps(feed_dict(entry), separators=(",", ":"))
+    from steptrail.infrastructure.feed import format_position
+
     position = format_position(entry.position)
     if entry.event is None:
         return f"{position}\t{entry.run_id}\tv{entry.version}\t(purged)"
@@ -82,6 +88,8 @@ def events(
     to resume from (`--after`): never an event skipped or repeated across a resume, even
     while workers append. Payloads are as the log holds them (filtered by the privacy
     level); a purged run's events appear as `purged` markers at their positions."""
+    from steptrail.infrastructure.feed import parse_position
+
     try:
         position = parse_position(after)
     except ValueError as error:

@@ -10,8 +10,9 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import IO, Annotated, Any, cast
+from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -31,11 +32,13 @@ from steptrail.cli.app import (
 )
 from steptrail.domain.enums import RunStatus, TerminationReason
 from steptrail.domain.errors import InvalidActor
-from steptrail.domain.limits import MAX_DEPTH
+from steptrail.domain.limits import ENQUEUE_BATCH, MAX_DEPTH
 from steptrail.render import event_dict, print_run, row_dict, runs_table
-from steptrail.runtime import ENQUEUE_BATCH, InvalidItem, InvalidRequest, Runtime
-from steptrail.worker_metrics import MetricsServer
-from steptrail.workers.registry import UnknownAgent
+
+if TYPE_CHECKING:  # the runtime is imported by the commands that open it (ADR 0043)
+    from steptrail.domain.ports import RecordedEvent
+    from steptrail.runtime import Runtime
+    from steptrail.worker_metrics import MetricsServer
 
 MAX_LIMIT = 10_000
 MAX_EVERY_S = 86_400.0
@@ -119,6 +122,9 @@ def _enqueue_from(
     """`enqueue --from`: check every line (pass one), then write them `batch` at a time
     (pass two, reading the file again; standard input is spooled to a temporary file first),
     so a bad line anywhere writes nothing and memory stays flat whatever the file's size."""
+    from steptrail.runtime import InvalidRequest
+    from steptrail.workers.registry import UnknownAgent
+
     max_line = 2 * settings_for(ctx).max_request_bytes + 4096
     with _lines_source(source) as handle, runtime(ctx) as rt:
         total = 0
@@ -147,6 +153,8 @@ def _enqueue_from(
 def _write_chunk(
     rt: Runtime, chunk: list[tuple[int, dict[str, Any]]], source: str, written: int, as_json: bool
 ) -> int:
+    from steptrail.runtime import InvalidItem
+
     try:
         ids = rt.enqueue_many([item for _, item in chunk], batch=len(chunk))
     except InvalidItem as error:  # the file changed between the two passes
@@ -319,21 +327,113 @@ def _serve_worker_metrics(rt: Runtime, port: int | None, addr: str) -> MetricsSe
     return server
 
 
+TRAIL_PAGE = 100  # events `show` and `audit` draw unless told otherwise (ADR 0042)
+MAX_VERSION = 2**31 - 1
+
+FromOption = Annotated[
+    int | None,
+    typer.Option(
+        "--from",
+        min=1,
+        max=MAX_VERSION,
+        metavar="N",
+        help="Show the trail from version N (default: its newest events).",
+    ),
+]
+TrailLimitOption = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        min=1,
+        max=MAX_LIMIT,
+        metavar="K",
+        help=f"Show at most K events of the trail (default {TRAIL_PAGE}).",
+    ),
+]
+AllOption = Annotated[
+    bool, typer.Option("--all", help="Show every event of the trail, however long.")
+]
+
+
+@dataclass(frozen=True)
+class TrailPage:
+    """Which versions of a trail of `last` events to show: `first`..`first + count - 1`,
+    or all of them (`count` None). `paged` says whether the operator chose a page."""
+
+    first: int
+    count: int | None
+    paged: bool
+
+    def footer(self, shown: list[RecordedEvent], last: int) -> str | None:
+        """The line that says what is shown and how to see the rest (None: all is shown)."""
+        if not shown:
+            return f"no events from version {self.first} (the trail has versions 1 to {last})"
+        low, high = shown[0].version, shown[-1].version
+        if low == 1 and high >= last:
+            return None
+        return (
+            f"versions {low}-{high} of {last} shown; --from N --limit K for others, "
+            "--all for every one"
+        )
+
+
+def trail_page(first: int | None, limit: int | None, every: bool, last: int) -> TrailPage:
+    """The page of a trail of `last` events that `--from`, `--limit`, `--all` ask for: by
+    default the newest `TRAIL_PAGE` events (where the run stands)."""
+    if every:
+        if first is not None or limit is not None:
+            fail("--all shows every event; drop --from/--limit", 2)
+        return TrailPage(1, None, paged=False)
+    count = limit or TRAIL_PAGE
+    start = first if first is not None else max(1, last - count + 1)
+    return TrailPage(start, count, paged=first is not None or limit is not None)
+
+
 @cli.command()
 def show(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    first: FromOption = None,
+    limit: TrailLimitOption = None,
+    every: AllOption = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON: the whole trail, unless --from/--limit choose a page (then the "
+            "page, and where it stands under `page`).",
+        ),
+    ] = False,
 ) -> None:
-    """A run's state and its full event trail, in order."""
+    """A run's state and its event trail, in order: the newest 100 events, with a line
+    saying how to see the others (`--from N --limit K`, `--all`)."""
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
         row = rt.get(rid)
-        events = rt.history(rid)
+        last = row.state.version
+        page = trail_page(
+            first, limit, every or (as_json and first is None and limit is None), last
+        )
+        events = rt.history(rid, first=page.first, limit=page.count)
         if as_json:
-            emit_json({"run": row_dict(row), "events": [event_dict(e) for e in events]})
-        else:
-            print_run(out, row, events)
+            body: dict[str, Any] = {"run": row_dict(row), "events": [event_dict(e) for e in events]}
+            if page.paged:
+                body["page"] = page_dict(page, events, last)
+            emit_json(body)
+            return
+        print_run(out, row, events)
+        footer = page.footer(events, last)
+        if footer is not None:
+            out.print(footer, highlight=False)
+
+
+def page_dict(page: TrailPage, events: list[RecordedEvent], last: int) -> dict[str, Any]:
+    """Where a page of `--json` output stands in its trail."""
+    return {
+        "from": events[0].version if events else page.first,
+        "to": events[-1].version if events else None,
+        "of": last,
+    }
 
 
 @cli.command()
@@ -349,12 +449,22 @@ def runs(
     limit: Annotated[
         int, typer.Option("--limit", min=1, max=MAX_LIMIT, help="At most this many.")
     ] = 50,
+    before: Annotated[
+        str | None,
+        typer.Option(
+            "--before",
+            metavar="RUN_ID",
+            help="The next page: runs created before this one (the last run of the previous page).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List runs, newest first. `--status waiting_for_approval` is the approvers' inbox:
-    what each run waits for (tools, digest) and since when."""
+    what each run waits for (tools, digest) and since when. Each page costs what it
+    returns, however long the history (`--before` the last run shown for the next)."""
+    key = parse_run_id(before) if before is not None else None
     with runtime(ctx) as rt:
-        rows = rt.runs(status=status, agent=agent, reason=reason, limit=limit)
+        rows = rt.runs(status=status, agent=agent, reason=reason, limit=limit, before=key)
         if as_json:
             emit_json([row_dict(r) for r in rows])
         else:

@@ -4,7 +4,7 @@ rebuild, verify, purge, metrics."""
 from __future__ import annotations
 
 import threading
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -21,20 +21,29 @@ from steptrail.cli.app import (
     runtime,
     stop_on_signals,
 )
-from steptrail.cli.runs import MAX_EVERY_S, MAX_LIMIT
+from steptrail.cli.runs import (
+    MAX_EVERY_S,
+    MAX_LIMIT,
+    AllOption,
+    FromOption,
+    TrailLimitOption,
+    page_dict,
+    trail_page,
+)
 from steptrail.domain.errors import StoreUnavailable
-from steptrail.infrastructure.factory import ReadOnlyStore
-from steptrail.infrastructure.feed import format_position
-from steptrail.infrastructure.projection_store import TrackedStatus
-from steptrail.infrastructure.settings import MAX_DAYS
-from steptrail.projections.custom import ProjectionFailed
+from steptrail.domain.limits import MAX_DAYS
 from steptrail.render import add_row, event_dict, inert, trail_table
-from steptrail.runtime import Runtime
+
+if TYPE_CHECKING:  # imported by the commands that use them (ADR 0043)
+    from steptrail.infrastructure.projection_store import TrackedStatus
+    from steptrail.runtime import Runtime
 
 
 def refresh_views(rt: Runtime) -> None:
     """Bring the views up to the log, unless the database is read-only (then they are shown
     as last projected, and stderr says so)."""
+    from steptrail.infrastructure.factory import ReadOnlyStore
+
     try:
         rt.project()
     except ReadOnlyStore:
@@ -48,6 +57,8 @@ def stats(
 ) -> None:
     """Counts by agent and status, and by reason; the oldest queued run's age and the number
     of expired leases (from the live run index)."""
+    from steptrail.infrastructure.feed import format_position
+
     with runtime(ctx) as rt:
         try:
             refresh_views(rt)
@@ -122,6 +133,8 @@ def stats(
 
 def tracked_dict(t: TrackedStatus) -> dict[str, Any]:
     """A tracked projection's status as JSON-compatible data."""
+    from steptrail.infrastructure.feed import format_position
+
     failure = None
     if t.failure is not None:
         failure = {
@@ -187,19 +200,37 @@ def audit(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
     at: Annotated[int, typer.Option("--at", min=1, max=2**31 - 1, help="The version to look at.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    first: FromOption = None,
+    limit: TrailLimitOption = None,
+    every: AllOption = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON: every event up to --at, unless --from/--limit choose a page.",
+        ),
+    ] = False,
 ) -> None:
-    """A run's state as of any version, replayed from its log, and the events up to it."""
+    """A run's state as of any version, replayed from its log, and the events up to it: the
+    newest 100 of them, with a line saying how to see the others (`--from N --limit K`,
+    `--all`)."""
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
         try:
-            state, events = rt.audit(rid, at)
+            state, upto = rt.audit(rid, at)
         except ValueError as error:
             fail(str(error), 2)
+    page = trail_page(first, limit, every or (as_json and first is None and limit is None), at)
+    stop = at if page.count is None else min(at, page.first + page.count - 1)
+    events = upto[page.first - 1 : stop]
     if as_json:
-        emit_json(
-            {"state": state.model_dump(mode="json"), "events": [event_dict(e) for e in events]}
-        )
+        body: dict[str, Any] = {
+            "state": state.model_dump(mode="json"),
+            "events": [event_dict(e) for e in events],
+        }
+        if page.paged:
+            body["page"] = page_dict(page, events, at)
+        emit_json(body)
         return
     table = Table(title=f"Run {rid} at version {at}", show_header=False)
     table.add_column("field", style="bold")
@@ -208,6 +239,9 @@ def audit(
         add_row(table, key, value)
     out.print(table)
     out.print(trail_table(events))
+    footer = page.footer(events, at)
+    if footer is not None:
+        out.print(footer, highlight=False)
 
 
 @cli.command()
@@ -226,6 +260,8 @@ def project(
 ) -> None:
     """Bring the reporting views and the app's projections up to the log (workers also do
     this in the background). A projection that raises stops alone; see `stats`."""
+    from steptrail.projections.custom import ProjectionFailed
+
     with runtime(ctx) as rt:
         if every is None:
             failed = False
@@ -257,6 +293,7 @@ def rebuild(
     """Drop views and rebuild them from the event log, with a progress bar. Rebuilding the
     run index pauses writers for its duration; a projection's tables are dropped, created
     again and refolded in batches."""
+    from steptrail.projections.custom import ProjectionFailed
 
     def describe(name: str) -> str:
         return f"{name} ({'runs' if name == 'run-index' else 'events'})"
@@ -286,6 +323,8 @@ def verify(
     """Rebuild views from the log into a scratch copy and report any difference from the
     live ones (exit 1 on drift). A projection is refolded into a private copy of its tables
     (in memory on SQLite, a scratch schema on PostgreSQL) up to its live position."""
+    from steptrail.projections.custom import ProjectionFailed
+
     with runtime(ctx) as rt:
         try:
             problems = rt.verify(view)

@@ -233,6 +233,14 @@ FROM steptrail_events
 WHERE originator_id = %(run_id)s
 ORDER BY originator_version;
 
+-- name: select_history_page
+-- Part of a run's trail (`show`/`audit --from N --limit K`): a range of the primary key.
+SELECT originator_version AS version, recorded_at, topic, state, notification_id
+FROM steptrail_events
+WHERE originator_id = %(run_id)s AND originator_version >= %(first)s
+ORDER BY originator_version
+LIMIT %(limit)s;
+
 -- name: range_end_runs
 -- `verify` and `rebuild run-index` go through the run ids in keyset ranges (ADR 0040): the
 -- `skip`+1-th id of the index from `lo` on (a walk of the primary key of one range)...
@@ -258,12 +266,35 @@ WHERE originator_id BETWEEN %(lo)s AND %(hi)s
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
--- The inbox and `steptrail runs`: newest first, every filter optional.
+-- The inbox and `steptrail runs`: newest first, keyset-paged on (created_at, run_id) below
+-- the key given (the first page passes a key above every row). Without a status the walk is
+-- along the creation index (ADR 0042); with one, one of the two queries below.
 SELECT * FROM steptrail_runs
-WHERE (%(status)s::text IS NULL OR status = %(status)s)
+WHERE (created_at, run_id) < (%(before_at)s, %(before_id)s)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
-ORDER BY created_at DESC, run_id
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: select_runs_status
+-- A status other than running: a backward walk of that status's slice of the status index
+-- (status, created_at, run_id) of migration 0017, which stops after the page (ADR 0042).
+SELECT * FROM steptrail_runs
+WHERE status = %(status)s
+  AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: select_runs_running
+-- Running runs (as many as workers hold, not the history), then ordered.
+SELECT * FROM steptrail_runs
+WHERE status = 'running'
+  AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
 -- name: select_failed_runs
@@ -444,8 +475,9 @@ SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
 ORDER BY agent, status;
 
 -- name: select_reason_counts
-SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
-WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
+-- Kept by a trigger on the summaries (migration 0016, ADR 0042).
+SELECT status, reason, count FROM steptrail_view_reason_counts WHERE count <> 0
+ORDER BY status, reason;
 
 -- name: select_dead_letters
 SELECT * FROM steptrail_view_dead_letters
@@ -487,10 +519,11 @@ SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
 GROUP BY agent, status ORDER BY agent, status;
 
 -- name: queue_health
--- Live figures from the run index (not a view): the oldest queued run and expired leases
--- (counted along the lease index by steptrail_stale_count, ADR 0037).
+-- Live figures from the run index (not a view): the oldest queued run (the first entry of
+-- the queued-since index, ADR 0042) and expired leases (counted along the lease index by
+-- steptrail_stale_count, ADR 0037).
 SELECT
-    (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
+    steptrail_oldest_queued() AS oldest_queued_at,
     steptrail_stale_count() AS stale_leases,
     now() AS now;
 

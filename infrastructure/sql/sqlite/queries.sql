@@ -170,6 +170,14 @@ FROM steptrail_events
 WHERE originator_id = :run_id
 ORDER BY originator_version;
 
+-- name: select_history_page
+-- Part of a run's trail (`show`/`audit --from N --limit K`): a range of the primary key.
+SELECT originator_version AS version, recorded_at, topic, state, notification_id
+FROM steptrail_events
+WHERE originator_id = :run_id AND originator_version >= :first
+ORDER BY originator_version
+LIMIT :limit;
+
 -- name: range_end_runs
 -- `verify` and `rebuild run-index` go through the run ids in keyset ranges (ADR 0040): the
 -- `skip`+1-th id of the index from `lo` on (an index walk of one range)...
@@ -194,11 +202,36 @@ WHERE originator_id BETWEEN :lo AND :hi
 ORDER BY originator_id, originator_version;
 
 -- name: select_runs
-SELECT * FROM steptrail_runs
-WHERE (:status IS NULL OR status = :status)
+-- `steptrail runs` and the inbox: newest first, keyset-paged on (created_at, run_id) below
+-- the key given (the first page passes a key above every row). Without a status the walk is
+-- along the creation index (ADR 0042); with one, one of the two queries below.
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_created_idx
+WHERE (created_at, run_id) < (:before_at, :before_id)
   AND (:agent IS NULL OR agent = :agent)
   AND (:reason IS NULL OR reason = :reason)
-ORDER BY created_at DESC, run_id
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: select_runs_status
+-- A status other than running: a backward walk of that status's slice of the status index
+-- (status, created_at[, run_id]) of migration 0017, which stops after the page (ADR 0042).
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_status_created_idx
+WHERE status = :status
+  AND (created_at, run_id) < (:before_at, :before_id)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: select_runs_running
+-- Running runs (as many as workers hold, not the history): read along the lease index, then
+-- ordered.
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
+WHERE status = 'running'
+  AND (created_at, run_id) < (:before_at, :before_id)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
 -- name: select_failed_runs
@@ -315,8 +348,9 @@ SELECT agent, status, count FROM steptrail_view_status_counts WHERE count <> 0
 ORDER BY agent, status;
 
 -- name: select_reason_counts
-SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
-WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
+-- Kept by triggers on the summaries (migration 0016, ADR 0042).
+SELECT status, reason, count FROM steptrail_view_reason_counts WHERE count <> 0
+ORDER BY status, reason;
 
 -- name: select_dead_letters
 SELECT * FROM steptrail_view_dead_letters
@@ -357,9 +391,11 @@ SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
 GROUP BY agent, status ORDER BY agent, status;
 
 -- name: queue_health
--- The stale leases are counted along the lease index (ADR 0037): they cost the stale runs.
+-- The stale leases are counted along the lease index (ADR 0037): they cost the stale runs;
+-- the oldest queued run is the first entry of the queued-since index (ADR 0042).
 SELECT
-    (SELECT min(updated_at) FROM steptrail_runs WHERE status = 'queued') AS oldest_queued_at,
+    (SELECT min(updated_at) FROM steptrail_runs INDEXED BY steptrail_runs_queued_since_idx
+     WHERE status = 'queued') AS oldest_queued_at,
     (SELECT count(*) FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx
      WHERE status = 'running' AND lease_expires_at < :now) AS stale_leases,
     :now AS now;

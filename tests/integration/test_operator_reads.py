@@ -1,0 +1,324 @@
+"""Operator reads cost what they return (ADR 0042): `stats` reads kept counts, `runs` pages
+along an index, `show`/`audit` page long trails. Here: that what they return is right, on
+both backends, and (SQLite, where the plan can be read without statistics) which index the
+statements walk."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import Counter
+from typing import Any
+from uuid import UUID
+
+import pytest
+from typer.testing import CliRunner
+
+from steptrail.cli import cli
+from steptrail.domain.enums import RunStatus
+from steptrail.infrastructure.sqlfiles import queries
+from steptrail.runtime import Runtime
+from tests.conftest import make_runtime
+from tests.integration.test_upgrade import catch_up, upgraded  # noqa: F401 - a fixture
+
+
+def mixed_history(rt: Runtime) -> dict[str, list[UUID]]:
+    """Runs that complete, dead-letter (two reasons' worth), get cancelled, wait, stay
+    queued."""
+    made: dict[str, list[UUID]] = {
+        "completed": [rt.enqueue("scripted", {"steps": 1}) for _ in range(4)],
+        "failed": [
+            rt.enqueue("scripted", {"steps": 1, "fail": {"class": "auth", "at": 1}})
+            for _ in range(3)
+        ],
+        "waiting": [rt.enqueue("scripted", {"steps": 2, "approval": {"at": 2}})],
+    }
+    made["cancelled"] = [rt.enqueue("scripted", {}) for _ in range(2)]
+    for run_id in made["cancelled"]:
+        rt.cancel(run_id)
+    rt.work(concurrency=2, burst=True)
+    made["queued"] = [rt.enqueue("scripted", {"steps": 1}) for _ in range(2)]
+    rt.project()
+    return made
+
+
+def recount(rt: Runtime) -> dict[tuple[str, str], int]:
+    """Ended runs by reason, counted the slow way: over every summary."""
+    return dict(
+        Counter(
+            (s.state.status.value, s.state.reason.value)
+            for s in rt.views.summaries()
+            if s.state.reason is not None
+        )
+    )
+
+
+# -- reason counts ---------------------------------------------------------------------------
+
+
+def test_reason_counts__kept_through_endings_retries_and_purges(runtime: Runtime) -> None:
+    made = mixed_history(runtime)
+    counts = runtime.views.reason_counts()
+    assert counts == recount(runtime)
+    assert counts[("failed", "not_retryable")] == 3
+    assert counts[("completed", "completed")] == 4
+    assert counts[("cancelled", "cancelled")] == 2
+    # A retried run leaves its failed reason: the count follows the summary's update.
+    runtime.retry(made["failed"][0], by="ops")
+    runtime.project()
+    assert runtime.views.reason_counts() == recount(runtime)
+    assert runtime.views.reason_counts()[("failed", "not_retryable")] == 2
+    # A rebuild empties the summaries and folds them again: the counts follow both.
+    runtime.rebuild("reporting")
+    assert runtime.views.reason_counts() == recount(runtime)
+    assert runtime.verify("reporting") == []
+
+
+def test_reason_counts__follow_a_purge(db_url: str) -> None:
+    rt = make_runtime(db_url, retention_days=1)
+    try:
+        mixed_history(rt)
+        before = rt.views.reason_counts()
+        assert before == recount(rt)
+        _age_every_run(rt, days=3)
+        rt.purge()
+        assert rt.views.reason_counts() == recount(rt)
+        assert sum(rt.views.reason_counts().values()) < sum(before.values())
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("upgraded", [9], indirect=True, ids=lambda v: f"schema{v}")
+def test_reason_counts__filled_by_the_migration(upgraded: Runtime) -> None:  # noqa: F811
+    """A database from before migration 0016 gets its counts from the summaries it holds,
+    and they stay exact as the views catch up and new runs end."""
+    rt = upgraded
+    before = rt.views.reason_counts()
+    assert before
+    assert before == recount(rt)
+    catch_up(rt)
+    rt.enqueue("scripted", {"steps": 1})
+    rt.work(burst=True)
+    rt.project()
+    assert rt.views.reason_counts() == recount(rt)
+    assert rt.verify() == []
+
+
+def _age_every_run(rt: Runtime, *, days: int) -> None:
+    """Move every run's creation `days` into the past (raw SQL: only a test does this)."""
+    url = rt.settings.database_url
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        conn.execute(f"UPDATE steptrail_runs SET created_at = created_at - {days} * 86400000000")
+        conn.commit()
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE steptrail_runs SET created_at = created_at - make_interval(days => %s)",
+            (days,),
+        )
+
+
+def test_reason_counts__a_purge_racing_the_projector_keeps_them_exact(db_url: str) -> None:
+    """Purge deletes summaries while the projector writes them: both hold the reporting
+    tracking row, so the triggers' counter rows see one writer at a time and end equal to
+    a recount."""
+    rt = make_runtime(db_url, retention_days=1)
+    try:
+        mixed_history(rt)
+        _age_every_run(rt, days=3)
+        for _ in range(6):
+            rt.enqueue("scripted", {"steps": 1})
+        errors: list[BaseException] = []
+
+        def project() -> None:
+            try:
+                for _ in range(20):
+                    rt.project()
+            except BaseException as error:
+                errors.append(error)
+
+        projector = threading.Thread(target=project)
+        projector.start()
+        rt.work(concurrency=2, burst=True)
+        rt.purge(batch=1)
+        projector.join(timeout=60)
+        assert not errors
+        rt.project()
+        assert rt.views.reason_counts() == recount(rt)
+    finally:
+        rt.close()
+
+
+# -- runs: keyset pages ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [None, "failed", "completed", "queued", "running"])
+def test_runs__pages_walk_every_run_once_newest_first(runtime: Runtime, status: Any) -> None:
+    mixed_history(runtime)
+    everything = runtime.runs(status=status, limit=1000)
+    expected = [r.run_id for r in everything]
+    keys = [(r.created_at, r.run_id) for r in everything]
+    assert keys == sorted(keys, reverse=True)
+    if status is not None:
+        assert {r.state.status.value for r in everything} <= {status}
+    paged: list[UUID] = []
+    before = None
+    while True:
+        page = runtime.runs(status=status, limit=2, before=before)
+        if not page:
+            break
+        paged.extend(r.run_id for r in page)
+        before = page[-1].run_id
+    assert paged == expected
+
+
+def test_runs__running_runs_are_listed(runtime: Runtime) -> None:
+    """Running runs are not in the partial status index; they are listed along the lease
+    index."""
+    run_id = runtime.enqueue("scripted", {"steps": 1})
+    claimed = runtime.store.claim(holder="test", lease_ms=60_000, agents=["scripted"])
+    assert claimed is not None
+    (row,) = runtime.runs(status=RunStatus.RUNNING)
+    assert row.run_id == run_id
+    assert runtime.runs(status="queued") == []
+
+
+def test_sqlite_plans__each_read_walks_its_index(sqlite_url: str) -> None:
+    """Without statistics (SQLite keeps none unless ANALYZE runs) the listing by status
+    walks the partial status index in order (no sort), the oldest-queued figure reads the
+    queued-since index, and reason counts read the counter table."""
+    make_runtime(sqlite_url).close()
+    q = queries("sqlite")
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        params = {
+            "status": "failed",
+            "agent": None,
+            "reason": None,
+            "limit": 50,
+            "before_at": 2**62,
+            "before_id": "g",
+        }
+        plan = " | ".join(
+            r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["select_runs_status"], params)
+        )
+        assert "steptrail_runs_status_created_idx" in plan
+        assert "TEMP B-TREE" not in plan
+        plan = " | ".join(
+            r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["select_runs"], params)
+        )
+        assert "steptrail_runs_created_idx" in plan
+        assert "TEMP B-TREE" not in plan
+        plan = " | ".join(
+            r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["queue_health"], {"now": 0})
+        )
+        assert "steptrail_runs_queued_since_idx" in plan
+        plan = " | ".join(
+            r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["select_reason_counts"])
+        )
+        assert "steptrail_view_reason_counts" in plan
+        assert "steptrail_view_run_summaries" not in plan
+    finally:
+        conn.close()
+
+
+def test_oldest_queued__is_the_oldest_queued_run(runtime: Runtime) -> None:
+    assert runtime.views.health().oldest_queued_at is None
+    first = runtime.enqueue("scripted", {"steps": 1})
+    runtime.enqueue("scripted", {"steps": 1})
+    assert runtime.views.health().oldest_queued_at == runtime.get(first).updated_at
+
+
+# -- show and audit: paged trails ------------------------------------------------------------
+
+
+def cli_json(url: str, *args: str) -> Any:
+    result = CliRunner().invoke(cli, ["--database-url", url, *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def cli_text(url: str, *args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(cli, ["--database-url", url, *args], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+@pytest.fixture
+def long_run(runtime: Runtime) -> UUID:
+    run_id = runtime.enqueue("scripted", {"steps": 150})
+    runtime.work(burst=True)
+    assert runtime.get(run_id).state.version > 150
+    return run_id
+
+
+def versions(text: str) -> list[int]:
+    """The versions in the first column of a drawn trail."""
+    found = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > 2 and cells[1].isdigit():
+            found.append(int(cells[1]))
+    return found
+
+
+def test_show__draws_the_newest_page_and_says_how_to_see_more(
+    runtime: Runtime, long_run: UUID
+) -> None:
+    url = runtime.settings.database_url
+    last = runtime.get(long_run).state.version
+    text = cli_text(url, "show", str(long_run))
+    assert versions(text) == list(range(last - 99, last + 1))
+    assert f"versions {last - 99}-{last} of {last} shown" in text
+    assert "--from N --limit K" in text
+    assert "--all for every one" in text
+    text = cli_text(url, "show", str(long_run), "--from", "3", "--limit", "5")
+    assert versions(text) == [3, 4, 5, 6, 7]
+    text = cli_text(url, "show", str(long_run), "--all")
+    assert versions(text) == list(range(1, last + 1))
+    assert "shown;" not in text
+    text = cli_text(url, "show", str(long_run), "--from", str(last + 5))
+    assert f"no events from version {last + 5}" in text
+    assert "--all shows every event" in cli_text(
+        url, "show", str(long_run), "--all", "--from", "2", code=2
+    )
+
+
+def test_show_json__complete_unless_a_page_is_asked_for(runtime: Runtime, long_run: UUID) -> None:
+    url = runtime.settings.database_url
+    last = runtime.get(long_run).state.version
+    whole = cli_json(url, "show", str(long_run), "--json")
+    assert [e["version"] for e in whole["events"]] == list(range(1, last + 1))
+    assert "page" not in whole
+    page = cli_json(url, "show", str(long_run), "--json", "--from", "10", "--limit", "4")
+    assert [e["version"] for e in page["events"]] == [10, 11, 12, 13]
+    assert page["page"] == {"from": 10, "to": 13, "of": last}
+    assert page["events"] == whole["events"][9:13]
+    tail = cli_json(url, "show", str(long_run), "--json", "--limit", "3")
+    assert [e["version"] for e in tail["events"]] == [last - 2, last - 1, last]
+
+
+def test_audit__pages_the_events_up_to_the_version(runtime: Runtime, long_run: UUID) -> None:
+    url = runtime.settings.database_url
+    text = cli_text(url, "audit", str(long_run), "--at", "120")
+    assert versions(text)[-100:] == list(range(21, 121))
+    assert "versions 21-120 of 120 shown" in text
+    whole = cli_json(url, "audit", str(long_run), "--at", "120", "--json")
+    assert [e["version"] for e in whole["events"]] == list(range(1, 121))
+    assert whole["state"]["version"] == 120
+    page = cli_json(url, "audit", str(long_run), "--at", "120", "--json", "--from", "119")
+    assert [e["version"] for e in page["events"]] == [119, 120]
+    assert page["page"] == {"from": 119, "to": 120, "of": 120}
+    assert page["state"] == whole["state"]
+
+
+def test_history__a_page_reads_that_range(runtime: Runtime, long_run: UUID) -> None:
+    whole = runtime.history(long_run)
+    assert runtime.history(long_run, first=7, limit=3) == whole[6:9]
+    assert runtime.history(long_run, first=len(whole) + 1, limit=3) == []
+    assert runtime.history(long_run, first=len(whole) - 1) == whole[-2:]
