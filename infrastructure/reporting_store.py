@@ -286,6 +286,19 @@ class ReportingStore:
             {(r["agent"], r["status"]): int(r["count"]) for r in counted},
         )
 
+    def reasons_and_counted(
+        self,
+    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """The reason counts the triggers keep (ADR 0042) and the ended summaries counted by
+        status and reason, in one snapshot."""
+        with self.d.reporting_snapshot() as tx:
+            live = tx.all("select_reason_counts", {})
+            counted = tx.all("count_reasons", {})
+        return (
+            {(r["status"], r["reason"]): int(r["count"]) for r in live},
+            {(r["status"], r["reason"]): int(r["count"]) for r in counted},
+        )
+
     def notifications(self, *, upto: Position, batch: int = 5000) -> Iterator[Notification]:
         """The log from its start to `upto` (inclusive), in reading order."""
         position: Position = (0, 0)

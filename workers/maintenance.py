@@ -53,6 +53,9 @@ class Views(Protocol):
     def counts_and_counted(
         self,
     ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]: ...
+    def reasons_and_counted(
+        self,
+    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]: ...
     def rebuild(
         self, *, batch: int = 5000, progress: Callable[[int, int], None] | None = None
     ) -> int: ...
@@ -98,8 +101,8 @@ def verify_views(views: Views, *, batch: int | None = None) -> list[str]:
     """Differences between the live reporting views and a fold of the log, range by range
     of run ids: each range's summaries and dead letters against a fold of its runs' events
     up to the position the views had reached, all read in one snapshot. The status counts
-    are compared with the summaries counted, in one snapshot: the summaries are checked
-    against the log, the counts against the summaries."""
+    and the reason counts (ADR 0042) are compared with the summaries counted, in one snapshot:
+    the summaries are checked against the log, the counts against the summaries."""
     problems: list[str] = []
     lo: UUID | None = UUID(int=0)
     while lo is not None:
@@ -115,6 +118,9 @@ def verify_views(views: Views, *, batch: int | None = None) -> list[str]:
     counts, counted = views.counts_and_counted()
     if counts != counted:
         problems.append(f"status counts: live {counts} != rebuilt {counted}")
+    reasons, recounted = views.reasons_and_counted()
+    if reasons != recounted:
+        problems.append(f"reason counts: live {reasons} != rebuilt {recounted}")
     return sorted(problems)
 
 

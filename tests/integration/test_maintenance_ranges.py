@@ -182,11 +182,13 @@ def test_verify_views__by_ranges_reports_what_differs(runtime: Runtime) -> None:
     _sql(store, "UPDATE steptrail_view_run_summaries SET steps = 9 WHERE run_id = {id}", ids[3])
     _sql(store, "DELETE FROM steptrail_view_dead_letters WHERE run_id = {id}", doomed)
     _sql(store, "UPDATE steptrail_view_status_counts SET count = count + 1", None)
+    _sql(store, "UPDATE steptrail_view_reason_counts SET count = count + 1", None)
     problems = maintenance.verify_views(runtime.views, batch=2)
     assert any(str(ids[3]) in p and p.startswith("run summaries") for p in problems)
     assert any(str(doomed) in p and p.startswith("dead letters") for p in problems)
     assert any(p.startswith("status counts") for p in problems)
-    assert len(problems) == 3
+    assert any(p.startswith("reason counts") for p in problems)
+    assert len(problems) == 4
     runtime.rebuild("reporting")
     assert maintenance.verify_views(runtime.views, batch=2) == []
 

@@ -468,6 +468,9 @@ ON CONFLICT (run_id) DO UPDATE SET
 -- Emptying every reporting view and rewinding the runner, in one transaction (a rebuild).
 DELETE FROM steptrail_view_run_summaries;
 DELETE FROM steptrail_view_status_counts;
+-- After the summaries: their delete trigger has counted them down, and a count that had
+-- drifted is not carried into the rebuilt views (ADR 0042).
+DELETE FROM steptrail_view_reason_counts;
 DELETE FROM steptrail_view_dead_letters;
 UPDATE steptrail_tracking SET position = 0, position_tx = 0 WHERE projection = %(projection)s;
 -- name: select_status_counts
@@ -517,6 +520,11 @@ ORDER BY tx_id, notification_id;
 -- What the status counts must equal: the summaries counted (one pass, constant memory).
 SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
 GROUP BY agent, status ORDER BY agent, status;
+
+-- name: count_reasons
+-- What the reason counts (migration 0016, ADR 0042) must equal: the ended summaries counted.
+SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
+WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
 
 -- name: queue_health
 -- Live figures from the run index (not a view): the oldest queued run (the first entry of

@@ -341,6 +341,9 @@ ON CONFLICT (run_id) DO UPDATE SET
 -- name: clear_views
 DELETE FROM steptrail_view_run_summaries;
 DELETE FROM steptrail_view_status_counts;
+-- After the summaries: their delete trigger has counted them down, and a count that had
+-- drifted is not carried into the rebuilt views (ADR 0042).
+DELETE FROM steptrail_view_reason_counts;
 DELETE FROM steptrail_view_dead_letters;
 UPDATE steptrail_tracking SET position = 0, position_tx = 0 WHERE projection = :projection;
 -- name: select_status_counts
@@ -389,6 +392,11 @@ ORDER BY notification_id;
 -- What the status counts must equal: the summaries counted (one pass, constant memory).
 SELECT agent, status, count(*) AS count FROM steptrail_view_run_summaries
 GROUP BY agent, status ORDER BY agent, status;
+
+-- name: count_reasons
+-- What the reason counts (migration 0016, ADR 0042) must equal: the ended summaries counted.
+SELECT status, reason, count(*) AS count FROM steptrail_view_run_summaries
+WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
 
 -- name: queue_health
 -- The stale leases are counted along the lease index (ADR 0037): they cost the stale runs;
