@@ -24,7 +24,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -111,16 +110,7 @@ ROWS = [
 
 
 def table(backend: str, results: list[dict[str, Any]]) -> str:
-    sizes = [r["size"] for r in results]
-    head = " | ".join(f"{s:,} runs" for s in sizes)
-    ratio = f"{sizes[-1]:,} / {sizes[0]:,}" if len(sizes) > 1 else "ratio"
-    lines = [f"### {backend}", "", f"| figure | {head} | {ratio} | target |",
-             "|---|" + "---:|" * (len(sizes) + 1) + "---|"]  # fmt: skip
-    for key, label, fmt, target in ROWS:
-        cells = [fmt.format(r[key]) if key in r else "—" for r in results]
-        first, last = results[0].get(key), results[-1].get(key)
-        ratio_cell = f"{last / first:.2f}x" if first and last and len(results) > 1 else "—"
-        lines.append(f"| {label} | {' | '.join(cells)} | {ratio_cell} | {target or ''} |")
+    lines = scale.ratio_table(backend, results, ROWS)
     ok = all(r.get("verify_ok") and r.get("rebuild_ok") for r in results)
     lines += ["", f"verify and rebuild exited 0 at every size: {ok}"]
     return "\n".join(lines)
@@ -142,25 +132,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="per maintenance command")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     cfg = parser.parse_args()
-    sizes = sorted(int(s.replace("_", "")) for s in cfg.sizes.split(","))
-    backends = [b.strip() for b in cfg.backends.split(",") if b.strip()]
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    load = os.getloadavg()
-    started = time.time()
-    results: dict[str, list[dict[str, Any]]] = {}
-    with tempfile.TemporaryDirectory(prefix="steptrail-maint-") as tmp:
-        for backend in backends:
-            for size in sizes:
-                with scale.database(backend, size, cfg, Path(tmp)) as url:
-                    results.setdefault(backend, []).append(measure(url, size, cfg, say))
-    end = os.getloadavg()
+    results, load, seconds = scale.measure_sizes(cfg, "steptrail-maint-", measure)
     print(
         f"Maintenance benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} "
-        f"CPUs, load average {load[0]:.2f} at the start and {end[0]:.2f} at the end, "
-        f"{time.time() - started:.0f} s in all; purge: {cfg.purge:,} runs.\n"
+        f"CPUs, load average {load[0]:.2f} at the start and {load[1]:.2f} at the end, "
+        f"{seconds:.0f} s in all; purge: {cfg.purge:,} runs.\n"
     )
     for backend, rows in results.items():
         print(table(backend, rows) + "\n")

@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("STEPTRAIL_LOG_LEVEL", "warning")
 
 import psycopg
-from scale import REQUEST, build, database
+from scale import REQUEST, build, measure_sizes, ratio_table
 from typer.testing import CliRunner
 
 from steptrail.cli import cli
@@ -222,20 +221,7 @@ ROWS = [
 
 
 def table(backend: str, results: list[dict[str, Any]]) -> str:
-    sizes = [r["size"] for r in results]
-    head = " | ".join(f"{s:,} runs" for s in sizes)
-    lines = [
-        f"### {backend}",
-        "",
-        f"| figure | {head} | ratio {sizes[-1]:,}/{sizes[0]:,} | target |",
-        "|---|" + "---:|" * (len(sizes) + 1) + "---|",
-    ]
-    for key, label, fmt, target in ROWS:
-        values = [r.get(key) for r in results]
-        cells = " | ".join(fmt.format(v) if v is not None else "-" for v in values)
-        ratio = f"{values[-1] / values[0]:.2f}x" if values[0] and values[-1] is not None else "-"
-        lines.append(f"| {label} | {cells} | {ratio} | {target or ''} |")
-    return "\n".join(lines)
+    return "\n".join(ratio_table(backend, results, ROWS))
 
 
 def main() -> int:
@@ -254,26 +240,11 @@ def main() -> int:
         help="run with an older checkout's interpreter: figures its CLI refuses are left out",
     )
     cfg = parser.parse_args()
-    sizes = sorted(int(s.replace("_", "")) for s in cfg.sizes.split(","))
-    backends = [b.strip() for b in cfg.backends.split(",") if b.strip()]
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    load = os.getloadavg()
-    say(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; sizes {sizes}")
-    results: dict[str, list[dict[str, Any]]] = {}
-    started = time.time()
-    with tempfile.TemporaryDirectory(prefix="steptrail-reads-") as tmp:
-        for backend in backends:
-            for size in sizes:
-                with database(backend, size, cfg, Path(tmp)) as url:
-                    results.setdefault(backend, []).append(measure(url, size, cfg, say))
-    end_load = os.getloadavg()
+    results, load, seconds = measure_sizes(cfg, "steptrail-reads-", measure)
     report = [
         f"Operator reads, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load "
-        f"average {load[0]:.2f} at the start and {end_load[0]:.2f} at the end, "
-        f"{time.time() - started:.0f} s in all; long run: {cfg.steps:,} steps; median of "
+        f"average {load[0]:.2f} at the start and {load[1]:.2f} at the end, "
+        f"{seconds:.0f} s in all; long run: {cfg.steps:,} steps; median of "
         f"{cfg.repeat}.",
         "",
     ]
@@ -285,7 +256,7 @@ def main() -> int:
             json.dumps(
                 {
                     "results": results,
-                    "loadavg": {"start": load, "end": end_load},
+                    "loadavg": {"start": load[0], "end": load[1]},
                     "config": {k: str(v) for k, v in vars(cfg).items()},
                 },
                 indent=2,

@@ -385,17 +385,52 @@ ROWS = [
 ]
 
 
-def table(backend: str, results: list[dict[str, Any]]) -> str:
+def say(message: str) -> None:
+    """Progress, on stderr (the report goes to stdout)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def ratio_table(backend: str, results: list[dict[str, Any]], rows: Any) -> list[str]:
+    """A markdown table of `rows` ((key, label, format, target) each) with one column per
+    size measured and the ratio largest / smallest; the bench scripts of issue 16 share it."""
     sizes = [r["size"] for r in results]
     head = " | ".join(f"{s:,} runs" for s in sizes)
     ratio = f"{sizes[-1]:,} / {sizes[0]:,}" if len(sizes) > 1 else "ratio"
     lines = [f"### {backend}", "", f"| figure | {head} | {ratio} | target |", "|---|"
              + "---:|" * (len(sizes) + 1) + "---|"]  # fmt: skip
-    for key, label, fmt, target in ROWS:
-        cells = [fmt.format(r[key]) if key in r else "—" for r in results]
+    for key, label, fmt, target in rows:
+        cells = [fmt.format(r[key]) if r.get(key) is not None else "—" for r in results]
         first, last = results[0].get(key), results[-1].get(key)
         ratio_cell = f"{last / first:.2f}x" if first and last and len(results) > 1 else "—"
         lines.append(f"| {label} | {' | '.join(cells)} | {ratio_cell} | {target or ''} |")
+    return lines
+
+
+Measure = Callable[[str, int, argparse.Namespace, Callable[[str], None]], dict[str, Any]]
+
+
+def measure_sizes(
+    cfg: argparse.Namespace, prefix: str, measure: Measure
+) -> tuple[dict[str, list[dict[str, Any]]], tuple[float, float], float]:
+    """`measure` on a database of every size in `cfg.sizes` on every backend of
+    `cfg.backends` (built by `database`): the results per backend, the load average at the
+    start and the end, and the seconds it all took."""
+    sizes = sorted(int(s.replace("_", "")) for s in cfg.sizes.split(","))
+    backends = [b.strip() for b in cfg.backends.split(",") if b.strip()]
+    load = os.getloadavg()
+    say(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; sizes {sizes}")
+    results: dict[str, list[dict[str, Any]]] = {}
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for backend in backends:
+            for size in sizes:
+                with database(backend, size, cfg, Path(tmp)) as url:
+                    results.setdefault(backend, []).append(measure(url, size, cfg, say))
+    return results, (load[0], os.getloadavg()[0]), time.time() - started
+
+
+def table(backend: str, results: list[dict[str, Any]]) -> str:
+    lines = ratio_table(backend, results, ROWS)
     clean = ", ".join(f"{r['size']:,}: {'clean' if r.get('verify_clean') else 'NOT CLEAN'}"
                       for r in results)  # fmt: skip
     lines += ["", f"verify after the build: {clean}; purged: "
@@ -418,26 +453,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--json", type=Path, help="write every figure here")
     cfg = parser.parse_args()
-    sizes = sorted(int(s.replace("_", "")) for s in cfg.sizes.split(","))
-    backends = [b.strip() for b in cfg.backends.split(",") if b.strip()]
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    load = os.getloadavg()
-    say(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; sizes {sizes}")
-    results: dict[str, list[dict[str, Any]]] = {}
-    started = time.time()
-    with tempfile.TemporaryDirectory(prefix="steptrail-scale-") as tmp:
-        for backend in backends:
-            for size in sizes:
-                with database(backend, size, cfg, Path(tmp)) as url:
-                    results.setdefault(backend, []).append(measure(url, size, cfg, say))
-    end_load = os.getloadavg()
+    results, load, seconds = measure_sizes(cfg, "steptrail-scale-", measure)
     report = [
         f"Scale benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load "
-        f"average {load[0]:.2f} at the start and {end_load[0]:.2f} at the end, "
-        f"{time.time() - started:.0f} s in all; hot path: {cfg.runs:,} runs, -c "
+        f"average {load[0]:.2f} at the start and {load[1]:.2f} at the end, "
+        f"{seconds:.0f} s in all; hot path: {cfg.runs:,} runs, -c "
         f"{cfg.concurrency}; reaper: {cfg.stale:,} stale runs; purge: {cfg.purge:,} runs.",
         "",
     ]
@@ -448,7 +468,7 @@ def main() -> int:
         cfg.json.write_text(json.dumps({
             "results": results,
             "environment": {
-                "cpus": os.cpu_count(), "load_start": load, "load_end": end_load,
+                "cpus": os.cpu_count(), "load_start": load[0], "load_end": load[1],
                 "python": platform.python_version(), "platform": platform.platform(),
                 "max_rss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             },
