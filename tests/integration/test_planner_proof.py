@@ -176,22 +176,31 @@ def _read(node: dict[str, Any]) -> int:
     return kept * loops
 
 
-@pytest.mark.parametrize("state", STATEMENTS)
-def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str) -> None:
-    q = queries("postgres")
+def _claim_with_plans(
+    url: str, state: str, agents: list[str]
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One claim of a batch for `agents` on a database filled as `state`: its rows, and the
+    plans of every statement it ran."""
     params = {
-        "agents": ["a"],
+        "agents": agents,
         "topic": "steptrail.Run.Claimed",
         "state": b"{}",
         "holder": "worker:planner",
         "lease_ms": 60_000,
         "limit": LIMIT,
     }
-    with psycopg.connect(pg_fresh, autocommit=True) as conn:
+    claim = queries("postgres")["claim"]
+    with psycopg.connect(url, autocommit=True) as conn:
         _pg_fill(conn, state)
         got: dict[str, Any] = {}
-        plans = _plans(conn, lambda: got.update(rows=conn.execute(q["claim"], params).fetchall()))
-    assert len(got["rows"]) == LIMIT
+        plans = _plans(conn, lambda: got.update(rows=conn.execute(claim, params).fetchall()))
+    return got["rows"], plans
+
+
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str) -> None:
+    rows, plans = _claim_with_plans(pg_fresh, state, ["a"])
+    assert len(rows) == LIMIT
     # The disabled steps' costs must not make the server compile the claim (jit = off).
     assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
     inner = _inner(plans, CLAIM_MARKER)
@@ -210,21 +219,9 @@ def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str
 @pytest.mark.parametrize("state", STATEMENTS)
 def test_pg_claim__several_agents_still_one_batch_each(pg_fresh: str, state: str) -> None:
     """A worker serving several agents walks each agent's runs for one batch at most."""
-    q = queries("postgres")
-    params = {
-        "agents": ["a", "other", "nobody"],
-        "topic": "steptrail.Run.Claimed",
-        "state": b"{}",
-        "holder": "worker:planner",
-        "lease_ms": 60_000,
-        "limit": LIMIT,
-    }
-    with psycopg.connect(pg_fresh, autocommit=True) as conn:
-        _pg_fill(conn, state)
-        got: dict[str, Any] = {}
-        plans = _plans(conn, lambda: got.update(rows=conn.execute(q["claim"], params).fetchall()))
+    rows, plans = _claim_with_plans(pg_fresh, state, ["a", "other", "nobody"])
     # The other agent's runs became available first: they are the batch.
-    assert [row[1] for row in got["rows"]] == ["other"] * LIMIT  # (run_id, agent, ...)
+    assert [row[1] for row in rows] == ["other"] * LIMIT  # (run_id, agent, ...)
     inner = _inner(plans, CLAIM_MARKER)
     walks, _ = _claim_scans(inner)
     (scan,) = walks  # one index walk, looped once per agent
