@@ -299,7 +299,7 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
     return figures
 
 
-def purge(rt: Runtime) -> dict[str, float]:
+def purge(rt: Runtime, batch: int = 100) -> dict[str, float]:
     """Purge the old runs; time per run, and apart the store's `after_purge` (PostgreSQL:
     VACUUM of the purged tables; SQLite: a WAL checkpoint), whose cost follows the tables'
     size, not the runs purged."""
@@ -315,7 +315,7 @@ def purge(rt: Runtime) -> dict[str, float]:
     store.after_purge = timed_after_purge  # type: ignore[method-assign]
     try:
         started = time.perf_counter()
-        report = rt.purge(PURGE_DAYS, batch=100)
+        report = rt.purge(PURGE_DAYS, batch=batch)
         seconds = time.perf_counter() - started
     finally:
         del store.after_purge
