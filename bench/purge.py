@@ -4,11 +4,13 @@ For each backend and each size (default 2,000 and 200,000 settled runs, the olde
 runs 400 days old, built once by bench/scale.py's `build`), every trial purges those old runs
 from a fresh copy of the built database (SQLite: a file copy, flushed to disk before the
 trial; PostgreSQL: `CREATE DATABASE … TEMPLATE`), so every arm purges the same runs from the
-same pages. Two arms, interleaved, `--repeat` times:
+same pages. Three arms, interleaved, `--repeat` times:
 
-- **before**: the schema as it was before migration 0021, i.e. with the summaries'
-  `(status, reason)` index put back on the copy;
-- **after**: the current schema.
+- **main**: random run ids (version 4) and the summaries' `(status, reason)` index put back
+  on the copy: the code before ADR 0052;
+- **0021**: random run ids, the current schema: a database made before ADR 0052, upgraded;
+- **ordered**: run ids as the runtime now makes them (version 7, sorted by creation time),
+  the current schema.
 
 Each trial reports the purge's batches per run and, apart, `after_purge` (SQLite: the WAL
 checkpoint; PostgreSQL: VACUUM of the purged tables). The table gives the median of the
@@ -54,9 +56,9 @@ def settings(url: str) -> Settings:
     return Settings(database_url=url, log_level="warning")
 
 
-def build(url: str, size: int, old: int) -> dict[str, float]:
+def build(url: str, size: int, old: int, ids: str) -> dict[str, float]:
     with open_runtime(settings=settings(url)) as rt:
-        figures = scale.build(rt, size, old, scale.say)
+        figures = scale.build(rt, size, old, scale.say, ids=ids)
         rt.store.after_purge()  # SQLite: fold the load's WAL in; PostgreSQL: VACUUM
     if url.startswith("postgres"):
         with psycopg.connect(url, autocommit=True) as conn:
@@ -119,13 +121,19 @@ def before_0021(url: str) -> None:
 
 def trial(template: str, arm: str, batch: int, tmp: Path) -> dict[str, float]:
     with copy_of(template, tmp) as url:
-        if arm == "before":
+        if arm == "main":
             before_0021(url)
         with open_runtime(settings=settings(url)) as rt:
             return scale.purge(rt, batch=batch)
 
 
-ARMS = ("before", "after")
+ARMS = ("main", "0021", "ordered")
+IDS = {"main": "random", "0021": "random", "ordered": "ordered"}
+LABELS = {
+    "main": "random ids, (status, reason) index",
+    "0021": "random ids, migration 0021",
+    "ordered": "time-ordered ids, migration 0021",
+}
 
 
 def table(backend: str, sizes: list[int], runs: dict[tuple[int, str], list[dict]]) -> str:
@@ -141,7 +149,7 @@ def table(backend: str, sizes: list[int], runs: dict[tuple[int, str], list[dict]
     spec = []
     T = "≤ 1.5"
     for arm in ARMS:
-        label = "with the (status, reason) index" if arm == "before" else "migration 0021"
+        label = LABELS[arm]
         spec += [
             (f"{arm}_purged", f"{arm}: runs purged", "{:,}", None),
             (f"{arm}_purge_batches_ms_per_run", f"{arm}: batches (ms/run), {label}", "{:.3f}", T),
@@ -171,15 +179,19 @@ def main() -> int:
             with ExitStack() as stack:
                 templates = {}
                 for size in sizes:
-                    url = stack.enter_context(scale.database(backend, size, cfg, Path(tmp)))
-                    scale.say(f"{backend} {size:,}: building")
-                    build(url, size, min(cfg.purge, size // 2))
-                    templates[size] = url
+                    for ids in ("random", "ordered"):
+                        url = stack.enter_context(
+                            scale.database(backend, size, cfg, Path(tmp), tag=f"_{ids}")
+                        )
+                        scale.say(f"{backend} {size:,}: building, {ids} ids")
+                        build(url, size, min(cfg.purge, size // 2), ids)
+                        templates[(size, ids)] = url
                 runs: dict[tuple[int, str], list[dict]] = {}
                 for rep in range(cfg.repeat):
                     for size in sizes:
                         for arm in ARMS:
-                            got = trial(templates[size], arm, cfg.batch, Path(tmp))
+                            template = templates[(size, IDS[arm])]
+                            got = trial(template, arm, cfg.batch, Path(tmp))
                             runs.setdefault((size, arm), []).append(got)
                             scale.say(
                                 f"{backend} {size:,} {arm} #{rep}: batches "
