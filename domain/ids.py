@@ -36,3 +36,9 @@ def time_ordered_id(unix_ms: int, entropy: bytes) -> UUID:
     value = (value & ~_VERSION_MASK) | _VERSION
     value = (value & ~_VARIANT_MASK) | _VARIANT
     return UUID(int=value)
+
+
+def short_id(run_id: UUID) -> str:
+    """The eight hex digits a table shows of a run id: its last ones, random in every id
+    (version 7 ids share their first digits with every run made in the same minute)."""
+    return run_id.hex[-8:]

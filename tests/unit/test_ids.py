@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from steptrail.domain.ids import ENTROPY_BYTES, time_ordered_id
+from steptrail.domain.ids import ENTROPY_BYTES, short_id, time_ordered_id
 from steptrail.runtime import new_run_id
 
 MS = st.integers(min_value=0, max_value=(1 << 48) - 1)
@@ -69,3 +69,12 @@ def test_new_run_id__later_runs_sort_after_earlier_ones() -> None:
     for earlier, later in itertools.pairwise(instants):
         assert max(by_ms[earlier]) < min(by_ms[later])
     assert all(r.version == 7 for r in made)
+
+
+def test_short_id__tells_apart_runs_made_in_the_same_minute() -> None:
+    """Tables show eight hex digits of an id: the random end, not the first eight, which a
+    version 7 id shares with every run made within about a minute of it."""
+    made = [new_run_id() for _ in range(200)]
+    assert len({str(r)[:8] for r in made}) <= 2  # why not the first digits
+    assert len({short_id(r) for r in made}) == len(made)
+    assert all(str(r).endswith(short_id(r)) for r in made)
