@@ -57,7 +57,7 @@ class StepCall:
         return f"{self.kind} {self.name!r} (arguments {self.fingerprint})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JournalEntry:
     """One step's outcome, verbatim: a JSON value, or the error it raised.
 
