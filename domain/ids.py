@@ -4,8 +4,9 @@ Every table holding something of a run is keyed by its id: the index, the log's
 (run, version) key, the summaries, dead letters, saved requests, the step journal
 (PostgreSQL) and the tombstones. With random ids (version 4) each run's rows sit on their
 own pages of every one of those trees, wherever the run falls, so a purge of the oldest
-runs dirties one page per tree per run, scattered over the whole file. Ids that start with their creation instant
-keep the runs made together on the same pages, and the oldest runs at one end of each tree.
+runs dirties one page per tree per run, scattered over the whole file. Ids that start with
+their creation instant keep the runs made together on the same pages, and the oldest runs at
+one end of each tree.
 
 The id is 48 bits of Unix milliseconds, the version (7), 12 random bits, the variant (RFC)
 and 62 random bits: still 74 bits nobody can guess. Its hex form (the SQLite key) and its
