@@ -147,12 +147,17 @@ def table(backend: str, sizes: list[int], runs: dict[tuple[int, str], list[dict]
             row[f"{arm}_purged"] = trials[0]["purged"]
         rows.append(row)
     spec = []
-    T = "≤ 1.5"
+    target = "≤ 1.5"
     for arm in ARMS:
         label = LABELS[arm]
         spec += [
             (f"{arm}_purged", f"{arm}: runs purged", "{:,}", None),
-            (f"{arm}_purge_batches_ms_per_run", f"{arm}: batches (ms/run), {label}", "{:.3f}", T),
+            (
+                f"{arm}_purge_batches_ms_per_run",
+                f"{arm}: batches (ms/run), {label}",
+                "{:.3f}",
+                target,
+            ),
             (f"{arm}_after_purge_s", f"{arm}: after_purge, once (s)", "{:.3f}", None),
             (f"{arm}_purge_ms_per_run", f"{arm}: all of it (ms/run)", "{:.3f}", None),
         ]
