@@ -48,7 +48,7 @@ from steptrail.workers.execute import (
     SegmentResult,
     decode_request,
 )
-from steptrail.workers.worker import holder_name
+from steptrail.workers.holders import holder_name
 
 ResumeMode = Literal["auto", "here", "queue"]
 

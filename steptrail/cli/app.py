@@ -86,6 +86,7 @@ def load_app(ref: str) -> App:
 def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     """Open the runtime the global options describe, turning known failures into exits."""
     from steptrail.domain.errors import (
+        CorruptResumableState,
         DigestMismatch,
         IllegalTransition,
         InvalidActor,
@@ -97,7 +98,6 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     from steptrail.domain.limits import PayloadRejected
     from steptrail.infrastructure.factory import ReadOnlyStore
     from steptrail.runtime import InvalidRequest
-    from steptrail.workers.execute import CorruptResumableState
     from steptrail.workers.registry import UnknownAgent
 
     rt = _open(ctx, ensure_schema=True, **overrides)

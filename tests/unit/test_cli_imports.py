@@ -74,8 +74,9 @@ def cli_loads(*argv: str) -> list[str]:
 
 
 def test_the_probe_sees_an_eager_import() -> None:
-    """The check is real: a command that opens the runtime does load the heavy modules."""
-    loaded = loaded_after("import steptrail.runtime")
+    """The check is real: importing the runtime and the worker loop does load the heavy
+    modules."""
+    loaded = loaded_after("import steptrail.runtime\nimport steptrail.workers.worker")
     assert "steptrail.runtime" in loaded
     assert "structlog" in loaded
 
