@@ -34,7 +34,7 @@ from steptrail.workers.execute import (
     has_resumable,
     resumable_of,
 )
-from steptrail.workers.holders import holder_name
+from steptrail.workers.holders import holder_name as holder_name  # noqa: PLC0414 - its old home
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
 from steptrail.workers.store_threads import DEFAULT_STORE_THREADS, StoreThreads
