@@ -11,9 +11,10 @@ time, next to `python -c pass` (the interpreter's own floor) measured in the sam
   scratch database is created there and dropped after), `stats` and `runs` on it
 
 Bytecode: the subprocesses run without PYTHONDONTWRITEBYTECODE, so the first (warming) start
-of each command writes the checkout's `__pycache__` and the timed ones read it, as an
-installed package does (pip compiles at install). With it set, every start compiles each of
-the project's ~60 modules again (~0.1-0.25 s more, all of it outside the project's control).
+of each command writes the checkout's `__pycache__` if it is missing and the timed ones read
+it, as an installed package does (pip compiles at install). In a checkout only ever run with
+it set, there is no `__pycache__` and every start compiles the project's ~60 modules again
+(`stats` ~0.6 s instead of ~0.33 s before ADR 0051), which says nothing about steptrail.
 
 With `--compare PYTHON` (another checkout's interpreter, e.g. main's `.venv/bin/python`) every
 command also runs under that interpreter, interleaved with this one's, and the table adds the
