@@ -75,33 +75,43 @@ class _LazyLogger:
     happens for it; `bind` keeps the values for when the logger is built; any other use
     (an event that passes the level, …) builds the real logger and hands over to it."""
 
-    def __init__(self, context: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: _LazyLogger | None = None, context: dict[str, Any] | None = None):
+        self._root = root  # what `bind` was called on, first in the chain (None: this one)
         self._context = context or {}
         self._real: structlog.typing.FilteringBoundLogger | None = None
 
     def _logger(self) -> structlog.typing.FilteringBoundLogger:
         if self._real is None:
-            real = _structlog_logger()
-            self._real = real.bind(**self._context) if self._context else real
+            if self._root is None:
+                self._real = _structlog_logger()
+            else:  # as `root.bind(...)` would have made it, had root been built
+                self._real = self._root._logger().bind(**self._context)
         return self._real
 
     def bind(self, **values: Any) -> structlog.typing.FilteringBoundLogger:
         if self._real is not None:
             return self._real.bind(**values)
-        return cast("structlog.typing.FilteringBoundLogger", _LazyLogger(self._context | values))
+        root = self._root or self
+        bound = _LazyLogger(root, self._context | values)
+        return cast("structlog.typing.FilteringBoundLogger", bound)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # copy, pickle, … probe for these: never the real logger's
             raise AttributeError(name)
         level = _LEVELS.get(name)
-        if level is None:
-            return getattr(self._logger(), name)
+        if level is None or self._real is not None:
+            value = getattr(self._logger(), name)
+            if level is not None:  # built: its own first processor filters by level now
+                self.__dict__[name] = value
+            return value
 
         def log(event: str | None = None, *args: Any, **kw: Any) -> Any:
             stdlib = logging.getLogger(LOGGER_NAME)
             if stdlib.disabled or level < stdlib.getEffectiveLevel():
                 return None
-            return getattr(self._logger(), name)(event, *args, **kw)
+            method = getattr(self._logger(), name)
+            self.__dict__[name] = method
+            return method(event, *args, **kw)
 
         return log
 
