@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
@@ -29,6 +29,27 @@ _PRE_CHAIN: list[structlog.typing.Processor] = [
     structlog.processors.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
 ]
+
+
+_FILTERING = structlog.make_filtering_bound_logger(logging.DEBUG)
+
+
+class _LevelCheckedLogger(_FILTERING):  # type: ignore[misc, valid-type]
+    """The filtering logger, asking the stdlib logger's level before building anything for
+    `debug` and `info`: the worker logs a few info events per run, and at the usual
+    `warning` each cost a bound-method chain, an event dict and the `filter_by_level`
+    processor raising `DropEvent` (ADR 0053). The answer is read on every call, so a level
+    set later (`set_level`, the host's logging configuration) applies at once."""
+
+    def debug(self, event: str, *args: Any, **kw: Any) -> Any:
+        if not self._logger.isEnabledFor(logging.DEBUG):
+            return None
+        return super().debug(event, *args, **kw)
+
+    def info(self, event: str, *args: Any, **kw: Any) -> Any:
+        if not self._logger.isEnabledFor(logging.INFO):
+            return None
+        return super().info(event, *args, **kw)
 
 
 def steptrail_logger() -> structlog.typing.FilteringBoundLogger:
@@ -44,7 +65,7 @@ def steptrail_logger() -> structlog.typing.FilteringBoundLogger:
             structlog.processors.format_exc_info,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        wrapper_class=_LevelCheckedLogger,
         cache_logger_on_first_use=False,
     )
     return logger
