@@ -43,7 +43,7 @@ from run import (
 
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime, open_runtime
-from steptrail.workers.worker import holder_name
+from steptrail.workers.holders import holder_name
 
 DB_THREADS = "steptrail_bench_threads"
 

@@ -1,13 +1,20 @@
-"""How long the `steptrail` command takes to start (ADR 0043).
+"""How long the `steptrail` command takes to start (ADRs 0043, 0051).
 
 Runs each command line as a fresh subprocess `--repeat` times and reports the median wall
 time, next to `python -c pass` (the interpreter's own floor) measured in the same run:
 
-- `steptrail --help`
-- `steptrail stats --help`
-- `steptrail stats` on a small SQLite database (a few runs; opening the runtime, bringing the
-  views up and printing: what a command costs beyond its start)
-- `python -c "import steptrail"`
+- `python -c "import steptrail"`, `steptrail --help`, `steptrail stats --help`
+- on a small SQLite database (a few finished runs): `stats`, `runs`, `show RUN`,
+  `enqueue scripted` and `reap` — opening the runtime, doing the command's work and
+  printing: what a command costs beyond its start
+- with `--pg URL` (a PostgreSQL server, e.g. postgresql://postgres@127.0.0.1:5432; a
+  scratch database is created there and dropped after), `stats` and `runs` on it
+
+Bytecode: the subprocesses run without PYTHONDONTWRITEBYTECODE, so the first (warming) start
+of each command writes the checkout's `__pycache__` if it is missing and the timed ones read
+it, as an installed package does (pip compiles at install). In a checkout only ever run with
+it set, there is no `__pycache__` and every start compiles the project's ~60 modules again
+(`stats` ~0.6 s instead of ~0.33 s before ADR 0051), which says nothing about steptrail.
 
 With `--compare PYTHON` (another checkout's interpreter, e.g. main's `.venv/bin/python`) every
 command also runs under that interpreter, interleaved with this one's, and the table adds the
@@ -15,7 +22,7 @@ ratio of the two (the same load for both).
 
     python bench/cli_start.py                   # 15 of each
     python bench/cli_start.py --repeat 31 --json out.json
-    python bench/cli_start.py --compare ../main/.venv/bin/python
+    python bench/cli_start.py --compare ../main/.venv/bin/python --pg postgresql://postgres@127.0.0.1:5432
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -46,6 +55,49 @@ def medians(variants: list[list[str]], env: dict[str, str], repeat: int) -> list
     return [statistics.median(t) for t in times]
 
 
+def small_database(steptrail: list[str], env: dict[str, str], url: str) -> str:
+    """Migrate `url`, run three two-step runs to the end; returns one run's id."""
+    options = ["--database-url", url]
+    subprocess.run([*steptrail, *options, "migrate"], env=env, check=True, capture_output=True)
+    ids = []
+    for _ in range(3):
+        done = subprocess.run(
+            [*steptrail, *options, "enqueue", "scripted", "--request", '{"steps": 2}'],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        ids.append(done.stdout.strip().splitlines()[-1])
+    subprocess.run(
+        [*steptrail, *options, "work", "--burst"], env=env, check=True, capture_output=True
+    )
+    return ids[0]
+
+
+@contextmanager
+def scratch_postgres(server: str | None) -> Iterator[str | None]:
+    """A fresh database on the PostgreSQL server at `server` (dropped after), or None."""
+    if server is None:
+        yield None
+        return
+    import psycopg
+    from psycopg import sql
+
+    name = f"steptrail_cli_start_{os.getpid()}"
+    admin = f"{server.rstrip('/')}/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield f"{server.rstrip('/')}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
@@ -53,33 +105,41 @@ def main() -> int:
     parser.add_argument(
         "--compare", metavar="PYTHON", help="Also time every command under this interpreter."
     )
+    parser.add_argument(
+        "--pg", metavar="URL", help="Also time commands on a scratch database on this server."
+    )
     cfg = parser.parse_args()
     python = sys.executable
     steptrail = [python, "-m", "steptrail"]
     out = Path(cfg.json).resolve() if cfg.json else None  # before the chdir below
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, scratch_postgres(cfg.pg) as pg_url:
         # `python -m` puts the working directory first on sys.path: run from an empty one, so
         # that each interpreter imports its own checkout's steptrail, not this folder's.
         os.chdir(folder)
         url = f"sqlite:///{Path(folder) / 'small.db'}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("STEPTRAIL_") and k != "PYTHONDONTWRITEBYTECODE"
+        }
         env.update(STEPTRAIL_DATABASE_URL=url, STEPTRAIL_LOG_LEVEL="warning")
-        subprocess.run([*steptrail, "migrate"], env=env, check=True, capture_output=True)
-        for _ in range(3):
-            subprocess.run(
-                [*steptrail, "enqueue", "scripted", "--request", '{"steps": 2}'],
-                env=env,
-                check=True,
-                capture_output=True,
-            )
-        subprocess.run([*steptrail, "work", "--burst"], env=env, check=True, capture_output=True)
+        run_id = small_database(steptrail, env, url)
         cases = {
             "python -c pass": [python, "-c", "pass"],
             "python -c 'import steptrail'": [python, "-c", "import steptrail"],
             "steptrail --help": [*steptrail, "--help"],
             "steptrail stats --help": [*steptrail, "stats", "--help"],
             "steptrail stats (small SQLite db)": [*steptrail, "stats"],
+            "steptrail runs (SQLite)": [*steptrail, "runs"],
+            "steptrail show RUN (SQLite)": [*steptrail, "show", run_id],
+            "steptrail enqueue (SQLite)": [*steptrail, "enqueue", "scripted"],
+            "steptrail reap (SQLite)": [*steptrail, "reap"],
         }
+        if pg_url is not None:
+            small_database(steptrail, env, pg_url)
+            pg = [*steptrail, "--database-url", pg_url]
+            cases["steptrail stats (PostgreSQL)"] = [*pg, "stats"]
+            cases["steptrail runs (PostgreSQL)"] = [*pg, "runs"]
         load = os.getloadavg()
         figures: dict[str, float] = {}
         compared: dict[str, float] = {}
@@ -87,7 +147,7 @@ def main() -> int:
             variants = [argv]
             if cfg.compare:
                 variants.append([cfg.compare, *argv[1:]])
-            for variant in variants:  # warm the file cache and the bytecode
+            for variant in variants:  # warm the file cache and write the bytecode
                 subprocess.run(variant, env=env, capture_output=True, check=True)
             found = medians(variants, env, cfg.repeat)
             figures[name] = found[0]

@@ -49,8 +49,8 @@ from steptrail.domain.journal import JournalCursor, JournalEntry, StepCall, fing
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime, open_runtime
 from steptrail.workers.context import Recorded, RunContext
+from steptrail.workers.holders import holder_name
 from steptrail.workers.segment import Segment
-from steptrail.workers.worker import holder_name
 
 DB_JOURNAL = "steptrail_bench_journal"
 REPLAY_STEPS = 300

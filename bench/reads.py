@@ -51,6 +51,20 @@ from steptrail.infrastructure.settings import Settings
 from steptrail.infrastructure.sqlfiles import queries as sql_queries
 from steptrail.runtime import Runtime, open_runtime
 
+PAGE = 100  # events in the trail page read from the end of the long run
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `low` (the long run's last page is read)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
+
 
 def long_run(rt: Runtime, steps: int) -> UUID:
     """One settled run of `steps` steps, loaded like the history (a minute ago)."""
@@ -155,7 +169,7 @@ def queries(rt: Runtime, long: UUID, before: UUID, steps: int) -> dict[str, floa
         "q_runs_failed_ms": ms(lambda: rt.runs(status="failed", limit=50)),
         "q_runs_failed_next_ms": ms(lambda: rt.runs(status="failed", limit=10, before=before)),
         "q_runs_queued_ms": ms(lambda: rt.runs(status="queued", limit=50)),
-        "q_trail_page_ms": ms(lambda: rt.history(long, first=steps - 99, limit=100)),
+        "q_trail_page_ms": ms(lambda: rt.history(long, first=steps - PAGE + 1, limit=PAGE)),
     }
 
 
@@ -177,7 +191,7 @@ def pg_buffers(url: str, long: UUID, steps: int) -> dict[str, float]:
         "buf_runs_failed": ("select_runs_status", {**top, "status": "failed"}),
         "buf_trail_page": (
             "select_history_page",
-            {"run_id": long, "first": steps - 99, "limit": 100},
+            {"run_id": long, "first": steps - PAGE + 1, "limit": PAGE},
         ),
     }
     found: dict[str, float] = {}
@@ -230,7 +244,9 @@ def main() -> int:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg", default=os.environ.get(
         "STEPTRAIL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432"))  # fmt: skip
-    parser.add_argument("--steps", type=int, default=5000, help="steps of the long run")
+    parser.add_argument(
+        "--steps", type=at_least(PAGE), default=5000, help=f"steps of the long run (>= {PAGE})"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="repetitions of each read")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--json", type=Path, help="write every figure here")

@@ -66,7 +66,7 @@ from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
 from steptrail.runtime import Runtime, open_runtime
 from steptrail.workers.context import jsonable
-from steptrail.workers.worker import holder_name
+from steptrail.workers.holders import holder_name
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432"
 DB_STEPTRAIL = "steptrail_bench_pg"

@@ -49,3 +49,7 @@ class UnreadableEvent(DomainError):
 
 class InvalidActor(DomainError):
     """A name given as who acted (`--by`) is not an acceptable actor name; nothing changed."""
+
+
+class CorruptResumableState(DomainError):
+    """The saved resumable state is unreadable or does not match what the run waits on."""

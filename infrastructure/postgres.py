@@ -557,7 +557,7 @@ class PostgresRunStore(ClaimsOne):
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["init_tracking"], {"projection": PROJECTION})
             conn.execute(self.q["lock_tracking"], {"projection": PROJECTION})
-            conn.execute(self.q["lock_for_rebuild"])
+            conn.execute(self.q["lock_as_writer"])
             hi = self._range_end(conn, lo, batch)
             bounds = {"lo": lo, "hi": hi}
             locked = {r["run_id"] for r in conn.execute(self.q["lock_range"], bounds)}
@@ -630,6 +630,7 @@ class PostgresRunStore(ClaimsOne):
         small batch only, so live workers wait milliseconds, not the whole purge.
         """
         with self._connection() as conn, conn.transaction():
+            conn.execute(self.q["lock_as_writer"])  # the reaper's order (ADR 0054)
             for name in [PROJECTION, *sorted(name for name, _ in projections)]:
                 conn.execute(self.q["init_tracking"], {"projection": name})
                 conn.execute(self.q["lock_tracking"], {"projection": name})

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -42,8 +42,6 @@ from steptrail.infrastructure.store_base import (
     ClaimsOne,
     after,
     encoded_events,
-    journal_from_rows,
-    journal_rows,
     keeps_request,
     listing_query,
     range_end,
@@ -309,6 +307,45 @@ def to_us(value: datetime | None) -> int | None:
         return None
     delta = value.astimezone(UTC) - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+# One string encoder, built once (json.dumps with options builds one per call).
+_STR = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def journal_cells(run: Run) -> dict[int, bytes]:
+    """The journal entries to write with `run`'s pending events, by step seq, in the form
+    the event row's `journal` column holds them (ADR 0050): one JSON array
+    `[seq, position, kind, name, fingerprint, outcome]`, the outcome as encoded. None when
+    the append settles the run, since settling drops the journal (ADR 0013)."""
+    pending = run.pending_journal
+    if not pending or run.state.status.is_terminal:
+        return {}
+    return {
+        seq: b"[%d,%d,%s,%s,%s,%s]"
+        % (
+            seq,
+            e.position,
+            _STR(e.kind).encode(),
+            _STR(e.name).encode(),
+            _STR(e.fingerprint).encode(),
+            e.outcome(),
+        )
+        for seq, e in pending
+    }
+
+
+def journal_from_cells(cells: Iterable[bytes | str]) -> list[JournalEntry]:
+    """The journal entries the `journal` column of a run's events holds, in step order."""
+    entries = []
+    for cell in cells:
+        seq, position, kind, name, fingerprint, body = json.loads(cell)
+        entries.append(
+            JournalEntry.from_body(
+                seq=seq, position=position, kind=kind, name=name, fingerprint=fingerprint, body=body
+            )
+        )
+    return sorted(entries, key=lambda e: e.seq)
 
 
 class SQLiteRunStore(ClaimsOne):
@@ -630,7 +667,6 @@ class SQLiteRunStore(ClaimsOne):
         state = run.state
         run_hex = run.id.hex
         first = run.committed_version + 1
-        events = [(run_hex, first + i, *encode_event(e)) for i, e in enumerate(pending)]
         drop, _ = side_effects(state)
         lean = state.status is RunStatus.RUNNING and document_only(pending)
         doc = document_json(state)
@@ -638,10 +674,20 @@ class SQLiteRunStore(ClaimsOne):
         if not lean:
             params = column_values(state)
             params.update(run_id=run_hex, doc=doc, retry_delay_ms=state.retry_delay_ms)
-        journal = [
-            (run_hex, r["seq"], r["position"], r["kind"], r["name"], r["fingerprint"], r["outcome"])
-            for r in journal_rows(run)
-        ]
+        # A step's journal entry rides in its own StepRecorded's row (ADR 0050): an event
+        # that lands brings its entry, one that does not, does not.
+        cells = journal_cells(run)
+        if cells:
+            events = [
+                (run_hex, first + i, *encode_event(e), cells.pop(e.seq, None))
+                if type(e) is Run.StepRecorded
+                else (run_hex, first + i, *encode_event(e), None)
+                for i, e in enumerate(pending)
+            ]
+            if cells:
+                raise RuntimeError(f"journal entries without their step's event: {sorted(cells)}")
+        else:
+            events = [(run_hex, first + i, *encode_event(e), None) for i, e in enumerate(pending)]
         with self._write() as (cur, at):
             if len(events) == 1:
                 cur.execute(self.q["append_event"], (*events[0], at))
@@ -655,10 +701,6 @@ class SQLiteRunStore(ClaimsOne):
             else:
                 params["at"] = at
                 cur.execute(self.q["update_run"], params)
-            if len(journal) == 1:
-                cur.execute(self.q["insert_journal"], journal[0])
-            elif journal:
-                cur.executemany(self.q["insert_journal"], journal)
             if resumable is not None:
                 cur.execute(
                     self.q["put_saved"],
@@ -667,7 +709,10 @@ class SQLiteRunStore(ClaimsOne):
             if drop:
                 name = "drop_saved_but_request" if keeps_request(state) else "drop_saved"
                 cur.execute(self.q[name], {"run_id": run_hex})
-                cur.execute(self.q["drop_journal"], {"run_id": run_hex})
+                # Only a step already in the log can have left an entry: a run that settles
+                # with its first steps (a one-step run, most of all) has none to drop.
+                if state.steps > sum(type(e) is Run.StepRecorded for e in pending):
+                    cur.execute(self.q["drop_journal"], {"run_id": run_hex})
         run.mark_committed()
         self._wake_if_queued(run)
 
@@ -740,7 +785,7 @@ class SQLiteRunStore(ClaimsOne):
     def journal(self, run_id: UUID) -> list[JournalEntry]:
         with self._read() as cur:
             cur.execute(self.q["select_journal"], {"run_id": run_id.hex})
-            return journal_from_rows(cur.fetchall())
+            return journal_from_cells(r[0] for r in cur.fetchall())
 
     def stale(self, limit: int) -> list[Run]:
         """Running runs whose lease ran out before this pass asked for the write lock, read

@@ -1,5 +1,9 @@
 """`python -m steptrail` is the `steptrail` command."""
 
-from steptrail.cli import main
+from steptrail import _startup
+
+_startup.pause()  # resumed once the command's runtime is open (ADR 0051)
+
+from steptrail.cli import main  # noqa: E402 - imported with the collector paused
 
 main()

@@ -37,15 +37,17 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steptrail.domain.classifier import ClassifiedError, HttpStatusError
 from steptrail.domain.enums import Effect, FailureClass
 from steptrail.domain.schemas import InvalidSchema, check_schema
-from steptrail.workers.context import Recorded, RunContext
 from steptrail.workers.registry import App
+
+if TYPE_CHECKING:  # the agent's context is imported when it runs (ADR 0051)
+    from steptrail.workers.context import RunContext
 
 app = App()
 
@@ -157,6 +159,8 @@ def _due(times: int | None, attempt: int) -> bool:
 @app.agent("scripted", request_model=Script)
 def scripted(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
     """Record `steps` steps, with the tool call, failure, crash or pause the request scripts."""
+    from steptrail.workers.context import Recorded  # loaded already: this runs in a segment
+
     script = Script.model_validate(request)
     pauses = sorted(
         [(k, "approval") for k in (script.approval.at if script.approval else [])]

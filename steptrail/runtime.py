@@ -7,7 +7,6 @@ cancel, retry, get, history. The CLI and the console both act through them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -17,7 +16,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
-import structlog
 from pydantic import ValidationError
 
 from steptrail.domain.actors import check_actor
@@ -25,43 +23,53 @@ from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, InvalidActor, UnknownRun, VersionConflict
 from steptrail.domain.limits import ENQUEUE_BATCH, PayloadRejected, check_depth, check_size
-from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run, RunState, fold, writes_done
+from steptrail.domain.run import Run, fold, writes_done
 from steptrail.infrastructure.factory import open_store
-from steptrail.infrastructure.feed import FeedEntry, read_feed
+from steptrail.infrastructure.feed import read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
-from steptrail.infrastructure.projection_store import (
-    ProjectionStore,
-    TrackedStatus,
-    tracked_statuses,
-)
+from steptrail.infrastructure.projection_store import ProjectionStore, tracked_statuses
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.infrastructure.settings import Settings
-from steptrail.infrastructure.sqlite import SQLiteRunStore
-from steptrail.projections.custom import Position, ProjectionFailed
-from steptrail.projections.run_index import RunRow
-from steptrail.workers import maintenance
-from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
-from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
-from steptrail.workers.lease import LeaseKeeper
-from steptrail.workers.projector import Projector
-from steptrail.workers.reaper import Reaper, ReapReport
+from steptrail.projections.custom import ProjectionFailed
 from steptrail.workers.registry import App, UnknownAgent
-from steptrail.workers.retention import Purger, PurgeReport, RetentionPolicy
 from steptrail.workers.store_threads import StoreThreads
-from steptrail.workers.telemetry import NO_TELEMETRY, CreationProbe, Telemetry, compose
-from steptrail.workers.worker import Worker, WorkerReport, holder_name
+from steptrail.workers.telemetry import NO_TELEMETRY, Deferred, Telemetry, compose
 
+# The workers' machinery (executing segments, the worker loop, the reaper, decisions,
+# retention, maintenance) is imported by the use case that needs it, so that a command that
+# only reads (`stats`, `runs`, `show`) or enqueues does not pay for it (ADR 0051).
 if TYPE_CHECKING:
+    import asyncio
+
+    import structlog
     from opentelemetry.trace import TracerProvider
     from prometheus_client.registry import CollectorRegistry
 
+    from steptrail.domain.ports import RecordedEvent
+    from steptrail.domain.run import RunState
+    from steptrail.infrastructure.feed import FeedEntry
     from steptrail.infrastructure.postgres import PostgresRunStore
+    from steptrail.infrastructure.projection_store import TrackedStatus
+    from steptrail.infrastructure.sqlite import SQLiteRunStore
+    from steptrail.projections.custom import Position
+    from steptrail.projections.run_index import RunRow
     from steptrail.worker_metrics import WorkerMetrics
+    from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
+    from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
+    from steptrail.workers.lease import LeaseKeeper
+    from steptrail.workers.projector import Projector
+    from steptrail.workers.reaper import Reaper, ReapReport
+    from steptrail.workers.retention import PurgeReport, RetentionPolicy
+    from steptrail.workers.telemetry import CreationProbe
+    from steptrail.workers.worker import Worker, WorkerReport
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
 ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor")
+# The hooks the worker metrics and the tracer override (the others are Telemetry's no-ops):
+# made on first use, they are made by these only (tests/unit/test_cli_imports.py checks).
+METRICS_HOOKS = ("claimed", "segment_started")
+TRACING_HOOKS = ("run_created", "segment_started")
 
 
 @dataclass
@@ -97,14 +105,14 @@ class Runtime:
         *,
         log: structlog.typing.FilteringBoundLogger | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
-        metrics: WorkerMetrics | None = None,
+        metrics: WorkerMetrics | Deferred[WorkerMetrics] | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
         self.store = store
         self.log = log or steptrail_logger()
         self.telemetry = telemetry
-        self.metrics = metrics
+        self._metrics = metrics
         self._keeper: LeaseKeeper | None = None
         self._projections: dict[str, ProjectionStore] = {}
         self.threads = StoreThreads()
@@ -129,10 +137,19 @@ class Runtime:
         self.close()
 
     @property
+    def metrics(self) -> WorkerMetrics | None:
+        """This runtime's worker metrics (`metrics.registry` holds them), if it has any."""
+        if isinstance(self._metrics, Deferred):
+            return self._metrics.made()
+        return self._metrics
+
+    @property
     def backend(self) -> str:
         return self.store.backend
 
     def execution_config(self) -> ExecutionConfig:
+        from steptrail.workers.execute import ExecutionConfig
+
         return ExecutionConfig(
             lease_s=self.settings.lease_seconds,
             policy=self.settings.retry_policy(),
@@ -325,6 +342,8 @@ class Runtime:
         """Record an interactive run's start, held by this process; returns it, its request
         and when its lease was sent (`time.monotonic()`), ready to execute (`start` does;
         the async runtime awaits it)."""
+        from steptrail.workers.holders import holder_name
+
         body = self._request_body(agent, request)
         run_id = uuid4()
         probe = self.telemetry.run_created(agent=agent, run_id=run_id, how="start")
@@ -356,6 +375,8 @@ class Runtime:
 
         Runs of async agents share one event loop: `loop` if given (it must be running in
         another thread), else one the worker starts for them."""
+        from steptrail.workers.worker import Worker
+
         return Worker(
             self.store,
             self.app,
@@ -374,6 +395,9 @@ class Runtime:
         return self.worker(concurrency=concurrency, burst=burst).run()
 
     def reaper(self) -> Reaper:
+        from steptrail.workers.holders import holder_name
+        from steptrail.workers.reaper import Reaper
+
         return Reaper(
             self.store, self.settings.retry_policy(), actor=holder_name("reaper"), log=self.log
         )
@@ -483,6 +507,8 @@ class Runtime:
     # -- people in the loop --------------------------------------------------------------------
 
     def decisions(self) -> Decisions:
+        from steptrail.workers.decisions import Decisions
+
         return Decisions(
             self.store,
             lease_ms=self.settings.lease_ms,
@@ -603,6 +629,8 @@ class Runtime:
     # -- retention -------------------------------------------------------------------------------
 
     def retention_policy(self) -> RetentionPolicy:
+        from steptrail.workers.retention import RetentionPolicy
+
         s = self.settings
         return RetentionPolicy(
             days=s.retention_days,
@@ -623,6 +651,8 @@ class Runtime:
         short transaction, in which each projection's `forget` removes what it keeps of
         them; an interrupted purge can simply be run again.
         """
+        from steptrail.workers.retention import Purger
+
         stores = self.projections()
         for store in stores.values():  # `forget` may only touch tables that exist
             store.ensure_tables()
@@ -648,6 +678,8 @@ class Runtime:
 
     def projector(self) -> Projector:
         """The runner of the reporting views and of every projection the app registered."""
+        from steptrail.workers.projector import Projector
+
         return Projector(self.views, log=self.log, projections=list(self.projections().values()))
 
     # -- your projections, the feed ----------------------------------------------------------------
@@ -719,6 +751,8 @@ class Runtime:
         views and projections are emptied and refolded batch by batch. Raises ValueError
         for another name, ProjectionFailed if a projection raises while refolding.
         """
+        from steptrail.workers import maintenance
+
         stores = self.projections()
         if view in stores:
             return {view: self._rebuild_projection(stores[view], progress)}
@@ -753,10 +787,14 @@ class Runtime:
 
     def verify_index(self) -> list[str]:
         """Differences between the live run index and one rebuilt from the log."""
+        from steptrail.workers import maintenance
+
         return maintenance.verify_index(self.store)
 
     def verify_views(self) -> list[str]:
         """Differences between the live reporting views and a scratch fold of the log."""
+        from steptrail.workers import maintenance
+
         return maintenance.verify_views(self.views)
 
     def _request_body(self, agent: str, request: Mapping[str, Any] | None) -> bytes:
@@ -794,6 +832,9 @@ class Runtime:
         return self._executor()
 
     def _executor(self) -> Executor:
+        from steptrail.workers.execute import Executor
+        from steptrail.workers.lease import LeaseKeeper
+
         if self._keeper is None:
             self._keeper = LeaseKeeper(self.settings.lease_seconds)
         return Executor(
@@ -855,9 +896,13 @@ def open_runtime(
     combined.include(examples)
     if app is not None:
         combined.include(app)
-    from steptrail.worker_metrics import WorkerMetrics
+    metrics: WorkerMetrics | Deferred[WorkerMetrics]
+    if metrics_registry is not None:  # registered now: a clash in it raises here
+        from steptrail.worker_metrics import WorkerMetrics
 
-    metrics = WorkerMetrics(metrics_registry)
+        metrics = WorkerMetrics(metrics_registry)
+    else:  # a private registry: made (prometheus_client imported) when first used
+        metrics = Deferred(_private_metrics, METRICS_HOOKS)
     tracing = _tracing(settings, tracer_provider)
     store = open_store(
         url or settings.database_url,
@@ -866,6 +911,12 @@ def open_runtime(
     )
     observers = compose(metrics, tracing, telemetry)
     return Runtime(combined, settings, store, telemetry=observers, metrics=metrics)
+
+
+def _private_metrics() -> WorkerMetrics:
+    from steptrail.worker_metrics import WorkerMetrics
+
+    return WorkerMetrics()
 
 
 def _tracing(settings: Settings, provider: TracerProvider | None) -> Telemetry | None:
@@ -886,9 +937,17 @@ def _tracing(settings: Settings, provider: TracerProvider | None) -> Telemetry |
         if settings.tracing == "on":
             raise ValueError("tracing=on needs the OpenTelemetry API: pip install steptrail[otel]")
         return None
+    if provider is None:  # the global provider, taken when the first run is traced
+        return Deferred(_global_tracing, TRACING_HOOKS)
     from steptrail.tracing import Tracing
 
     return Tracing(provider)
+
+
+def _global_tracing() -> Telemetry:
+    from steptrail.tracing import Tracing
+
+    return Tracing()
 
 
 def _trace_fields(run: Run) -> dict[str, str]:

@@ -685,7 +685,15 @@ class RunContext:
     # -- internals -----------------------------------------------------------------------------
 
     def _next(self, call: StepCall) -> JournalEntry | None:
-        """The journal's answer for this call's position (None: run it for real)."""
+        """The journal's answer for this call's position (None: run it for real).
+
+        Raises ValueError, before anything runs, for a name with a NUL character: no backend
+        keeps one alike (PostgreSQL refuses it in text), and a run must not fail on one
+        backend and pass on the other."""
+        if "\x00" in call.name:
+            raise ValueError(
+                f"a {call.kind} step's name cannot hold a NUL character: {call.name!r}"
+            )
         if self._segment.lost is not None:
             raise self._segment.lost
         entry = self._journal.next(call)

@@ -33,6 +33,7 @@ from steptrail.domain.decisions import (
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import Outcome, WaitKind
 from steptrail.domain.errors import (
+    CorruptResumableState,
     DigestMismatch,
     IllegalTransition,
     UnknownRun,
@@ -43,12 +44,11 @@ from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
 from steptrail.domain.schemas import validate_input
 from steptrail.workers.execute import (
-    CorruptResumableState,
     Executor,
     SegmentResult,
     decode_request,
 )
-from steptrail.workers.worker import holder_name
+from steptrail.workers.holders import holder_name
 
 ResumeMode = Literal["auto", "here", "queue"]
 

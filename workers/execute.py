@@ -21,7 +21,10 @@ from pydantic import ValidationError
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.decisions import ResumableState, state_digest
 from steptrail.domain.enums import FailureClass, Outcome, PrivacyLevel, RunStatus
-from steptrail.domain.errors import DomainError, StoreUnavailable
+from steptrail.domain.errors import (  # re-exported: it was defined here before ADR 0051
+    CorruptResumableState as CorruptResumableState,  # noqa: PLC0414
+)
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
 from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
 from steptrail.domain.ports import RunStore
@@ -375,10 +378,6 @@ class Executor:
             else run.status
         )
         return SegmentResult(run.id, outcome, status, run.committed_version)
-
-
-class CorruptResumableState(DomainError):
-    """The saved resumable state is unreadable or does not match what the run waits on."""
 
 
 def has_resumable(run: Run) -> bool:

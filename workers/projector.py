@@ -22,12 +22,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
-
-import structlog
+from typing import TYPE_CHECKING, Protocol
 
 from steptrail.domain.errors import StoreUnavailable, UnreadableEvent
 from steptrail.projections.custom import ProjectionFailed
+
+if TYPE_CHECKING:
+    import structlog
 
 
 class Views(Protocol):
@@ -108,7 +109,11 @@ class Projector:
     ) -> None:
         self.views = views
         self.batch = batch
-        self.log = log or structlog.get_logger()
+        if log is None:
+            import structlog
+
+            log = structlog.get_logger()
+        self.log = log
         self.projections = [Isolated(p, log=self.log) for p in projections]
 
     def run_once(self) -> int:

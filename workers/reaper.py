@@ -13,12 +13,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import structlog
+from typing import TYPE_CHECKING
 
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import RunStore
 from steptrail.domain.retry import DeadLetter, Reclaim, RetryPolicy
+
+if TYPE_CHECKING:
+    import structlog
 
 
 @dataclass
@@ -65,7 +67,11 @@ class Reaper:
         self.store = store
         self.policy = policy
         self.actor = actor
-        self.log = (log or structlog.get_logger()).bind(worker_id=actor)
+        if log is None:
+            import structlog
+
+            log = structlog.get_logger()
+        self.log = log.bind(worker_id=actor)
 
     def reap_once(self, limit: int = 50) -> ReapReport:
         """One pass over at most `limit` stale runs, oldest expired lease first."""

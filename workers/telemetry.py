@@ -20,9 +20,10 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from steptrail.domain.enums import Outcome
@@ -153,6 +154,49 @@ class Fanout(Telemetry):
         if not live:
             return NO_SEGMENT
         return live[0] if len(live) == 1 else _FanoutSegment(live)
+
+
+T = TypeVar("T", bound=Telemetry)
+
+
+class Deferred(Telemetry, Generic[T]):
+    """An observer made when it is first needed, so that a runtime that never creates, claims
+    or runs anything (a read command) does not import what it is made of (ADR 0051).
+
+    `make` is called once, on the first call of one of `hooks` (or of `made`); the hooks not
+    named are the base's no-ops and never make it, so `hooks` must name every hook the made
+    observer overrides."""
+
+    def __init__(self, make: Callable[[], T], hooks: Collection[str]) -> None:
+        unknown = set(hooks) - {"run_created", "claimed", "segment_started"}
+        if unknown:
+            raise ValueError(f"not telemetry hooks: {sorted(unknown)}")
+        self._make = make
+        self._hooks = frozenset(hooks)
+        self._made: T | None = None
+        self._lock = threading.Lock()
+
+    def made(self) -> T:
+        """The observer, made now if it was not yet."""
+        if self._made is None:
+            with self._lock:
+                if self._made is None:
+                    self._made = self._make()
+        return self._made
+
+    def run_created(self, *, agent: str, run_id: UUID, how: str) -> CreationProbe:
+        if "run_created" not in self._hooks:
+            return NO_CREATION
+        return self.made().run_created(agent=agent, run_id=run_id, how=how)
+
+    def claimed(self, runs: Sequence[ClaimedRun], seconds: float) -> None:
+        if "claimed" in self._hooks:
+            self.made().claimed(runs, seconds)
+
+    def segment_started(self, run: Run) -> SegmentProbe:
+        if "segment_started" not in self._hooks:
+            return NO_SEGMENT
+        return self.made().segment_started(run)
 
 
 def compose(*members: Telemetry | None) -> Telemetry:

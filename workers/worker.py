@@ -12,8 +12,6 @@ SQLite) or `poll_interval` passes.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -21,16 +19,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import uuid4
 
 import structlog
 
 from steptrail.domain.enums import Outcome, TerminationReason
-from steptrail.domain.errors import StoreUnavailable, VersionConflict
+from steptrail.domain.errors import CorruptResumableState, StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, RunStore
 from steptrail.domain.run import Run
 from steptrail.workers.execute import (
-    CorruptResumableState,
     ExecutionConfig,
     Executor,
     SegmentResult,
@@ -38,17 +34,13 @@ from steptrail.workers.execute import (
     has_resumable,
     resumable_of,
 )
+from steptrail.workers.holders import holder_name as holder_name  # noqa: PLC0414 - its old home
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
 from steptrail.workers.store_threads import DEFAULT_STORE_THREADS, StoreThreads
 from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry
 
 MAX_CLAIM_BATCH = 16
-
-
-def holder_name(kind: str) -> str:
-    """`<kind>:<host>:<pid>:<uuid>`: unique per process and per use, never just a host."""
-    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:12]}"
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from steptrail import _startup
 from steptrail.cli.app import cli, run_cli
 
 __all__ = ["cli", "main"]
@@ -18,4 +19,8 @@ for _module in ("runs", "people", "views", "feed", "checks"):
 
 
 def main() -> None:
-    run_cli()
+    _startup.pause()  # no-op under `python -m steptrail`, which paused before importing
+    try:
+        run_cli()
+    finally:
+        _startup.resume()

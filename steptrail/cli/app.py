@@ -23,6 +23,7 @@ from uuid import UUID
 import typer
 from rich.console import Console
 
+from steptrail import _startup
 from steptrail.domain.limits import MAX_DEPTH, depth
 from steptrail.render import inert
 
@@ -86,6 +87,7 @@ def load_app(ref: str) -> App:
 def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     """Open the runtime the global options describe, turning known failures into exits."""
     from steptrail.domain.errors import (
+        CorruptResumableState,
         DigestMismatch,
         IllegalTransition,
         InvalidActor,
@@ -97,7 +99,6 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     from steptrail.domain.limits import PayloadRejected
     from steptrail.infrastructure.factory import ReadOnlyStore
     from steptrail.runtime import InvalidRequest
-    from steptrail.workers.execute import CorruptResumableState
     from steptrail.workers.registry import UnknownAgent
 
     rt = _open(ctx, ensure_schema=True, **overrides)
@@ -148,11 +149,13 @@ def _open(ctx: typer.Context, *, ensure_schema: bool, **overrides: Any) -> Runti
     configure_logging(settings.log_format, settings.log_level)
     try:
         app = load_app(options.app_ref) if options.app_ref else None
-        return open_runtime(app, settings=settings, ensure_schema=ensure_schema)
+        rt = open_runtime(app, settings=settings, ensure_schema=ensure_schema)
     except ValueError as error:
         fail(str(error).splitlines()[0], 2)
     except (StoreUnavailable, SchemaMissing) as error:
         fail(f"the database is not available: {error}", 3)
+    _startup.resume()  # the start is over: collect garbage again (ADR 0051)
+    return rt
 
 
 @contextmanager

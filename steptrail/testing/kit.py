@@ -33,10 +33,10 @@ from steptrail.testing import pgclock
 from steptrail.testing.faults import Fault, FaultPlan, FusedStore, SimulatedCrash, context_for
 from steptrail.workers.decisions import PendingDecision
 from steptrail.workers.execute import Executor, SegmentResult, decode_request, resumable_of
+from steptrail.workers.holders import holder_name
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.retention import PurgeReport
-from steptrail.workers.worker import holder_name
 
 Decide = (
     Literal["approve", "deny"]

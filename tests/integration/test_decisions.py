@@ -21,11 +21,15 @@ from steptrail.domain.enums import (
     TerminationReason,
     WaitKind,
 )
-from steptrail.domain.errors import DigestMismatch, IllegalTransition, InvalidInput
+from steptrail.domain.errors import (
+    CorruptResumableState,
+    DigestMismatch,
+    IllegalTransition,
+    InvalidInput,
+)
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from steptrail.workers.decisions import AlreadyResuming
-from steptrail.workers.execute import CorruptResumableState
 from tests.conftest import make_runtime
 
 APPROVE_AT_2 = {"steps": 3, "approval": {"at": 2, "tools": ["send_email"]}}

@@ -492,3 +492,31 @@ def test_journal_unreadable__segment_does_not_start(db_url: str) -> None:
         assert rt.get(run_id).status is RunStatus.RUNNING
     finally:
         rt.close()
+
+
+def test_step_name_with_a_nul__refused_before_it_runs_on_both_backends(db_url: str) -> None:
+    """A step name with a NUL character is refused at the call, before the step runs, the
+    same on both backends (PostgreSQL cannot keep it; it used to dead-letter the run only
+    there, after the step had run, with a DataError from the journal's insert)."""
+    ran: list[str] = []
+    app = App()
+
+    @app.agent("nul")
+    def agent(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("first", lambda: ran.append("first"))
+        try:
+            ctx.llm("bad\x00name", lambda: ran.append("bad"))
+        except ValueError as error:
+            ran.append(f"refused: {error}")
+        return {}
+
+    rt = make_runtime(db_url, app=app)
+    try:
+        run_id = rt.enqueue("nul", {})
+        assert rt.work(burst=True).outcomes == {"completed": 1}
+        assert ran[0] == "first"
+        assert ran[1].startswith("refused: a llm step's name cannot hold a NUL character")
+        assert len(ran) == 2
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+    finally:
+        rt.close()

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -141,3 +141,73 @@ def test_lease_clock__renewal_queued_behind_the_reaper_is_not_reclaimed(
     assert "error" not in look_box, look_box
     assert "error" not in beat_box, beat_box
     assert [r.id for r in look_box["value"]] == []
+
+
+def _waiting_pid(url: str, other_than: int) -> int:
+    """The pid of the backend waiting for a lock on this database (bounded wait)."""
+    deadline = time.monotonic() + 10
+    with psycopg.connect(url, autocommit=True) as watch:
+        while time.monotonic() < deadline:
+            row = watch.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> %s",
+                (other_than,),
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            time.sleep(0.01)
+    raise AssertionError("the writer never queued behind the reaper's lock")
+
+
+def test_writers_take_the_run_index_before_the_log__no_deadlock_with_the_reaper(
+    pg_url: str,
+) -> None:
+    """ADR 0054, deterministically: a reaper holds SHARE on the run index (its first lock)
+    while a claim and a purge batch start. Each must queue for the run index before it
+    holds anything on the log, so that the reaper's second lock (SHARE on the log) is
+    granted at once. The claim of migration 0018 and the old purge took the log first and
+    this ended in a deadlock (seen once in the chaos suite)."""
+    from steptrail.infrastructure.factory import open_store
+
+    store: Any = open_store(pg_url)
+    try:
+        run = claimed_run(store)
+        run.complete()
+        store.append(run)  # something to purge
+        store.create(
+            Run.enqueue(run_id=uuid.uuid4(), agent="a", request_digest="d", actor="t"),
+            request=b"{}",
+        )  # something to claim
+        writers = {
+            "claim": lambda: store.claim_batch(holder="w", lease_ms=60_000, agents=["a"], limit=4),
+            "purge": lambda: store.purge_batch(
+                category="completed",
+                statuses=["completed"],
+                cutoff=datetime(3000, 1, 1, tzinfo=UTC),
+                limit=10,
+            ),
+        }
+        for name, write in writers.items():
+            with psycopg.connect(pg_url) as reaper:
+                reaper.execute("SET lock_timeout = '5s'")
+                reaper.execute("LOCK TABLE steptrail_runs IN SHARE MODE")
+                me = reaper.info.backend_pid
+                done: dict[str, Any] = {}
+                thread = threading.Thread(
+                    target=lambda done=done, write=write: done.update(result=write()), daemon=True
+                )
+                thread.start()
+                writer = _waiting_pid(pg_url, me)
+                held = reaper.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                    " WHERE l.pid = %s AND l.granted AND c.relname = 'steptrail_events'",
+                    (writer,),
+                ).fetchone()
+                assert held == (0,), f"the {name} holds the log while it waits for the index"
+                reaper.execute("LOCK TABLE steptrail_events IN SHARE MODE")  # no deadlock
+                reaper.commit()
+            thread.join(10)
+            assert not thread.is_alive()
+            assert len(done["result"]) == 1, name
+    finally:
+        store.close()

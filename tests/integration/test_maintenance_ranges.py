@@ -150,7 +150,6 @@ def test_rebuild_index__by_ranges_restores_lost_stray_and_altered_rows(runtime: 
     runtime.work(concurrency=2, burst=True)
     store = runtime.store
     lost, altered = ids[2], ids[6]
-    _sql(store, "DELETE FROM steptrail_journal WHERE run_id = {id}", lost)
     _sql(store, "DELETE FROM steptrail_saved WHERE run_id = {id}", lost)
     _sql(store, "DELETE FROM steptrail_runs WHERE run_id = {id}", lost)
     _sql(store, "UPDATE steptrail_runs SET requeue_count = 7 WHERE run_id = {id}", altered)

@@ -3,6 +3,7 @@ and the privacy filter seen from the tables themselves."""
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -320,7 +321,8 @@ def journal_canary_app() -> App:
 
     @app.agent("journaled")
     def agent(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
-        ctx.llm("make", lambda: f"CANARY-{request['seed'][::-1]}")
+        pad = "." * request.get("pad", 0)  # a big result spills into overflow pages
+        ctx.llm("make", lambda: f"CANARY-{request['seed'][::-1]}{pad}")
         ctx.request_approval([{"name": "send_email", "arguments": {}}])
         return {}
 
@@ -361,3 +363,29 @@ def sqlite_bytes(rt: Runtime) -> bytes:
         if path.exists():
             raw += path.read_bytes()
     return raw
+
+
+@pytest.mark.parametrize("pad", [0, 20_000], ids=["inline", "overflow"])
+def test_settle__canary_in_a_journaled_result_leaves_zero_bytes(db_url: str, pad: int) -> None:
+    """Settling drops the journal: after the approved run completes (replaying its step
+    from the journal), its canary is in no table on either backend, and on SQLite, where
+    the entry rode in its event's row (ADR 0050), not in the checkpointed file either, also
+    when the result was big enough to spill into overflow pages (freed, and zeroed)."""
+    seed = uuid.uuid4().hex
+    canary = f"CANARY-{seed[::-1]}"
+    rt = make_runtime(db_url, app=journal_canary_app())
+    try:
+        run_id = rt.enqueue("journaled", {"seed": seed, "pad": pad})
+        rt.work(burst=True)
+        assert [e.value for e in rt.store.journal(run_id)] == [canary + "." * pad]
+        rt.approve(run_id, by="test", resume="queue")
+        assert rt.work(burst=True).outcomes == {"completed": 1}
+        assert rt.store.journal(run_id) == []
+        assert canary not in all_table_text(rt)
+        if rt.store.backend == "sqlite":
+            store: Any = rt.store
+            with sqlite3.connect(store.db_name) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert canary.encode() not in sqlite_bytes(rt)
+    finally:
+        rt.close()

@@ -256,6 +256,52 @@ def test_journal__deleted_by_the_settling_append(store: Any) -> None:
     ]
 
 
+ODD_NAMES = [
+    'quote " and \\ backslash',
+    "line\nbreak\ttab\x1b[31m",
+    "naïve 💥 名前",
+    "",
+    "x" * 5000,
+]
+
+
+def test_journal__entries_ride_with_their_own_steps_whatever_they_hold(store: Any) -> None:
+    """In one append of mixed events (a marker, a step without an entry, steps with one),
+    each entry comes back whole with its own step's number: odd names, an error, a nested
+    value and one too big for a page, byte for byte (ADR 0050 packs them on SQLite)."""
+    queued(store)
+    claimed = store.claim(holder="w", lease_ms=60_000, agents=AGENTS)
+    run: Run = claimed.run
+    run.mark_effect_pending(tool="send", effect=Effect.NON_IDEMPOTENT_WRITE)
+    run.record_step(kind="tool", name="send", duration_ms=1)  # no entry
+    expected = []
+    values: list[Any] = [{"deep": [[[{"k": "\x00"}]]], "n": 2**62}, -0.5, True, "y" * 50_000, None]
+    for k, (name, value) in enumerate(zip(ODD_NAMES, values, strict=True), start=2):
+        call = StepCall("llm", name, "f" * 16)
+        if k == 3:
+            entry = JournalEntry(
+                0,
+                k - 1,
+                "llm",
+                name,
+                "f" * 16,
+                error_type="Boom",
+                error_message='boom \\" 💥',
+                failure_class=FailureClass.RATE_LIMIT,
+            )
+        else:
+            entry = JournalEntry.of_value(k - 1, call, value)
+        run.record_step(kind="llm", name=name, duration_ms=1, journal=entry)
+        expected.append((k, k - 1, name, entry.value, entry.error_type, entry.error_message))
+    store.append(run)
+    got = [
+        (e.seq, e.position, e.name, e.value, e.error_type, e.error_message)
+        for e in store.journal(run.id)
+    ]
+    assert got == expected
+    assert store.journal(run.id)[1].failure_class is FailureClass.RATE_LIMIT
+
+
 def test_journal__kept_across_a_requeue(store: Any) -> None:
     """A requeue is not a settle: the journal stays for the next segment to replay."""
     run = journaled(store)

@@ -119,3 +119,30 @@ def test_upgrade__old_database_opens_migrated_and_works(upgraded: Runtime) -> No
     assert rt.verify() == []
     counts = rt.views.status_counts()
     assert sum(v for (_, s), v in counts.items() if s == "completed") == 6
+
+
+JOURNALED = [v for v in VERSIONS if v >= 5]  # the step journal came with schema 5
+
+
+@pytest.mark.parametrize("upgraded", JOURNALED, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__journal_of_runs_in_flight_survives(upgraded: Runtime) -> None:
+    """The journal entries of the runs that had not settled are still there after the
+    upgrade (ADR 0050 moves them into their event rows on SQLite), each read back whole;
+    settled runs have none, and a run that settles after the upgrade drops its journal."""
+    rt = upgraded
+    rows = rt.store.all_rows()
+    waiting = [r for r in rows if r.state.agent == "fixture_wait" and not r.status.is_terminal]
+    assert len(waiting) == 2
+    for row in waiting:
+        (entry,) = rt.store.journal(row.run_id)
+        assert (entry.seq, entry.position, entry.kind, entry.name) == (1, 1, "llm", "draft")
+        assert entry.value == "hello"
+        assert not entry.failed
+    for row in rows:
+        if row.status.is_terminal:
+            assert rt.store.journal(row.run_id) == []
+    queued = next(r for r in waiting if r.status is RunStatus.QUEUED)
+    report = rt.work(burst=True)
+    assert report.outcomes == {"completed": 2}  # the approved run and the never-claimed one
+    assert rt.get(queued.run_id).status is RunStatus.COMPLETED
+    assert rt.store.journal(queued.run_id) == []

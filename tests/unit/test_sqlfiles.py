@@ -20,7 +20,7 @@ BACKEND_ONLY: dict[str, str] = {
     "append_one": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "append_two": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
-    "lock_for_rebuild": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
+    "lock_as_writer": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     **dict.fromkeys(
         ("lock_range", "upsert_row", "insert_missing_row", "delete_rows"),
         "PostgreSQL: a range of the run index is rebuilt under its rows' locks; SQLite's "

@@ -20,10 +20,13 @@ SELECT version FROM steptrail_schema_migrations ORDER BY version;
 -- name: record_migration
 INSERT INTO steptrail_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
--- name: lock_for_rebuild
--- A range of the run index is rebuilt as a writer (ADR 0040): it holds ROW EXCLUSIVE from
--- its first statement, like every writer, so the reaper's SHARE lock waits for it as for any
--- writer in flight instead of slipping in between its row locks and its writes.
+-- name: lock_as_writer
+-- A writer that reads before it writes (a rebuild range, ADR 0040; a purge batch, whose row
+-- locks are only ROW SHARE) holds ROW EXCLUSIVE on the run index from its first statement,
+-- as steptrail_append and steptrail_claim do: the reaper's SHARE lock waits for it as for
+-- any writer in flight instead of slipping in between its row locks and its writes, and
+-- every writer takes the run index before the log, the reaper's order, so none of them
+-- deadlocks with it (ADR 0054).
 LOCK TABLE steptrail_runs IN ROW EXCLUSIVE MODE;
 
 -- name: insert_run

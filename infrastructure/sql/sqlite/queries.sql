@@ -27,9 +27,11 @@ VALUES (:id, :version, :topic, :state, :at);
 
 -- name: append_event
 -- SQLite only: insert_events for the append path, with positional parameters in this column
--- order (binding by name costs a lookup per column, on every step).
-INSERT INTO steptrail_events (originator_id, originator_version, topic, state, recorded_at)
-VALUES (?, ?, ?, ?, ?);
+-- order (binding by name costs a lookup per column, on every step). `journal` is the step
+-- journal's entry that rides in this event's row (ADR 0050), or NULL.
+INSERT INTO steptrail_events
+    (originator_id, originator_version, topic, state, journal, recorded_at)
+VALUES (?, ?, ?, ?, ?, ?);
 
 -- name: insert_run
 -- SQLite: the idempotency key is checked by select_run_by_key inside the same IMMEDIATE
@@ -100,16 +102,12 @@ DELETE FROM steptrail_saved WHERE run_id = :run_id;
 -- everything else it saved goes, as with any settle.
 DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
 
--- name: insert_journal
--- SQLite only: part of an append, like insert_events (PostgreSQL: steptrail_append).
--- Positional parameters (in this column order): it runs with every step.
-INSERT INTO steptrail_journal (run_id, seq, position, kind, name, fingerprint, outcome)
-VALUES (?, ?, ?, ?, ?, ?, ?);
-
 -- name: drop_journal
--- SQLite only: settling deletes the journal in the same transaction (PostgreSQL:
--- steptrail_append).
-DELETE FROM steptrail_journal WHERE run_id = :run_id;
+-- SQLite only: settling drops the run's journal in the same transaction (PostgreSQL:
+-- steptrail_append). The entries ride in the run's event rows (ADR 0050); with
+-- secure_delete the bytes they leave are zeroed.
+UPDATE steptrail_events SET journal = NULL
+WHERE originator_id = :run_id AND journal IS NOT NULL;
 
 
 -- name: claim
@@ -151,8 +149,10 @@ SELECT * FROM steptrail_runs WHERE idempotency_key = :idempotency_key;
 SELECT body FROM steptrail_saved WHERE run_id = :run_id AND kind = :kind;
 
 -- name: select_journal
-SELECT seq, position, kind, name, fingerprint, outcome FROM steptrail_journal
-WHERE run_id = :run_id ORDER BY seq;
+-- The run's journal entries (ADR 0050: one per event row that carries one), in log order.
+SELECT journal FROM steptrail_events
+WHERE originator_id = :run_id AND journal IS NOT NULL
+ORDER BY originator_version;
 
 -- name: lock_for_reaper
 -- PostgreSQL locks its tables here so the reaper's scan queues behind writers in flight; on
@@ -446,7 +446,6 @@ WHERE steptrail_view_status_counts.agent = d.agent
 DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
-DELETE FROM steptrail_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
 INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
 SELECT 0, notification_id, originator_id, originator_version, :now FROM steptrail_events
 WHERE originator_id IN (SELECT value FROM json_each(:ids))
