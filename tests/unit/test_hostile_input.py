@@ -326,9 +326,17 @@ def test_logger__level_read_on_every_call(caplog: pytest.LogCaptureFixture) -> N
             log.info("shown_info", run_id="r")
             logger.setLevel(logging.DEBUG)
             log.bind(version=2).debug("shown_debug")
+            # The real structlog logger exists now: its own methods ask the level too.
+            logger.setLevel(logging.WARNING)
+            log.info("hidden_info_2")
+            log.bind(version=3).debug("hidden_debug_3")
+            log.warning("shown_warning")
+            logger.setLevel(logging.INFO)
+            log.bind(version=4).info("shown_info_2")
         # (caplog may see a record twice: on `steptrail` and where it propagates to)
         events = {r.msg["event"]: r.msg for r in caplog.records if isinstance(r.msg, dict)}
-        assert list(events) == ["shown_info", "shown_debug"]
+        assert list(events) == ["shown_info", "shown_debug", "shown_warning", "shown_info_2"]
+        assert events["shown_info_2"]["version"] == 4
         assert events["shown_info"]["worker_id"] == "w"
         assert events["shown_debug"]["version"] == 2
     finally:
