@@ -124,7 +124,7 @@ class RunState(BaseModel):
         one by one, and every step, claim and settle folds through here (ADR 0053)."""
         values = self.__dict__.copy()
         values.update(changes)
-        new = _NEW(RunState)
+        new = _NEW(type(self))
         _SET(new, "__dict__", values)
         _SET(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | changes.keys())
         _SET(new, "__pydantic_extra__", None)
