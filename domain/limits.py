@@ -12,7 +12,7 @@ The walk is iterative: a hostile value a thousand levels deep costs a loop, not 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 ENQUEUE_BATCH = 1000  # runs per statement (PostgreSQL) or transaction (SQLite) in enqueue_many
@@ -42,23 +42,41 @@ class PayloadTooLarge(PayloadRejected):
 
 def depth(value: Any, *, stop_after: int = MAX_DEPTH) -> int:
     """How many levels of objects and arrays `value` nests (a scalar is 0), counting no
-    further than `stop_after + 1`."""
+    further than `stop_after + 1`.
+
+    Depth first, with one iterator per open level (so the walk stops as soon as one branch
+    is too deep, and holds at most `stop_after + 1` iterators). Plain dicts, lists and
+    scalars, which is what payloads are made of, are told apart by their exact type before
+    the slower `Mapping` check: every step payload and result is walked here."""
     deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, (list, tuple)):
-            children = item
+    levels: list[Iterator[Any]] = [iter((value,))]
+    while levels:
+        for item in levels[-1]:
+            kind = type(item)
+            if kind is dict:
+                children: Iterable[Any] = item.values()
+            elif kind is list or kind is tuple:
+                children = item
+            elif kind in _SCALARS:
+                continue
+            elif isinstance(item, Mapping):
+                children = item.values()
+            elif isinstance(item, (list, tuple)):
+                children = item
+            else:
+                continue
+            if len(levels) > deepest:  # this container sits at level len(levels)
+                deepest = len(levels)
+                if deepest > stop_after:
+                    return deepest
+            levels.append(iter(children))
+            break
         else:
-            continue
-        level += 1
-        deepest = max(deepest, level)
-        if deepest > stop_after:
-            return deepest
-        stack.extend((child, level) for child in children)
+            levels.pop()
     return deepest
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def check_depth(value: Any, what: str) -> None:

@@ -184,6 +184,37 @@ def _artifact_types(artifacts: Any) -> list[str]:
     return kinds
 
 
+# The keys a summary is made of besides the metadata keys: `_summarise` writes these and
+# no others.
+SUMMARY_KEYS = frozenset(
+    {
+        "content_redacted",
+        "messages_sent_count",
+        "content_length",
+        "thinking_length",
+        "requested_tool_names",
+        "raw_length",
+        "arguments_length",
+        "tool_result_length",
+        "artifact_count",
+        "artifact_types",
+        "other_keys_dropped",
+    }
+)
+# A summary's keys are this code's own vocabulary, never text from a payload: masking them
+# changes nothing, which is checked here once rather than paid for on every step (a search
+# of a key like `messages_sent_count` costs about as much as the rest of the filter).
+_SAFE_KEYS = METADATA_KEYS | SUMMARY_KEYS
+if any(mask_secrets(key) != key for key in _SAFE_KEYS):  # pragma: no cover - a bad edit
+    raise AssertionError("a summary key would be masked: _mask_summary may not skip it")
+
+
+def _mask_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """`_mask` of a summary: every string value masked, however deep; its keys (all in
+    `_SAFE_KEYS`) are left as they are, which is what masking them would give."""
+    return {str(key): _walk(value, mask_secrets) for key, value in summary.items()}
+
+
 def _summarise(
     payload: Mapping[str, Any], level: PrivacyLevel, declared: frozenset[str] | None
 ) -> dict[str, Any]:
@@ -237,8 +268,7 @@ def filter_payload(
     # What survives at metadata is meant to describe, not reveal; but any string in it (a
     # model name, a requested tool's name, an artifact type) could still carry an address or
     # a secret, so every one of them is masked, however deeply nested.
-    masked: dict[str, Any] = _mask(_summarise(payload, level, declared_tools))
-    return masked
+    return _mask_summary(_summarise(payload, level, declared_tools))
 
 
 def filter_schema(schema: Mapping[str, Any] | None, level: PrivacyLevel | str) -> Any:

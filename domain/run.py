@@ -82,6 +82,10 @@ class Decision(BaseModel):
     digest: str
 
 
+_NEW = object.__new__
+_SET = object.__setattr__  # what pydantic itself uses to fill a frozen model
+
+
 class RunState(BaseModel):
     """Everything folding a run's events yields. Immutable; each event produces a new one."""
 
@@ -114,7 +118,18 @@ class RunState(BaseModel):
     trace_parent: str | None = None
 
     def evolve(self, **changes: Any) -> RunState:
-        return self.model_copy(update=changes)
+        """This state with `changes` (field values of the right types, from the events'
+        rules: nothing is validated, as with `model_copy(update=...)`). Built directly:
+        `model_copy` copies the instance, then its dict, field set and private attributes
+        one by one, and every step, claim and settle folds through here (ADR 0053)."""
+        values = self.__dict__.copy()
+        values.update(changes)
+        new = _NEW(type(self))
+        _SET(new, "__dict__", values)
+        _SET(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | changes.keys())
+        _SET(new, "__pydantic_extra__", None)
+        _SET(new, "__pydantic_private__", None)
+        return new
 
     @property
     def trace_id(self) -> str | None:
@@ -127,12 +142,14 @@ class RunState(BaseModel):
 
 
 def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
-    """A terminal state: no lease, no saved request, no resumable state.
+    """A terminal state: no lease, no saved request, no resumable state; the version
+    advanced in the same copy (`apply` then leaves it alone).
 
     The pending-effect markers survive on purpose: an auditor must still see that a write may
     have happened before the run ended.
     """
     return state.evolve(
+        version=state.version + 1,
         status=status,
         segment=None,
         holder=None,
@@ -146,9 +163,16 @@ def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
 
 
 def _released(state: RunState, status: RunStatus, **changes: Any) -> RunState:
-    """The current segment lets go of the run (back to the queue, or waiting for a person)."""
+    """The current segment lets go of the run (back to the queue, or waiting for a person);
+    the version advanced in the same copy."""
     return state.evolve(
-        status=status, segment=None, holder=None, lease_ms=None, claim_version=None, **changes
+        version=state.version + 1,
+        status=status,
+        segment=None,
+        holder=None,
+        lease_ms=None,
+        claim_version=None,
+        **changes,
     )
 
 
@@ -253,6 +277,7 @@ class Run:
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
             return s.evolve(
+                version=s.version + 1,
                 status=RunStatus.RUNNING,
                 segment=Segment.WORKER,
                 holder=self.actor,
@@ -942,7 +967,8 @@ def _check_lease(lease_ms: int) -> None:
 
 def apply(state: RunState | None, event: RunEvent) -> RunState:
     """Fold one event: the event's own rule, then the version advances by one (unless the
-    rule advanced it already, as the step's does to save a copy)."""
+    rule advanced it already, as the step's, the claim's and every settle's or release's do
+    to save a copy)."""
     new = event.apply(state)
     if state is None:
         return new

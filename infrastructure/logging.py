@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import cache
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 # structlog is imported when an event passes the `steptrail` logger's level, or when a
@@ -50,6 +51,32 @@ def _pre_chain() -> list[structlog.typing.Processor]:
     ]
 
 
+@cache
+def _level_checked() -> type[structlog.typing.FilteringBoundLogger]:
+    """structlog's filtering logger (made for DEBUG: the stdlib logger's level decides),
+    asking that level before building anything for `debug` and `info`. Once the real logger
+    exists (any event passed the level), the worker's few info events per run would each go
+    through the bound-method chain, an event dict and `filter_by_level` raising `DropEvent`
+    at the usual `warning` (~1.2 µs; ~0.2 µs asked first, ADR 0053). The level is asked on
+    every call, so a level set later applies at once."""
+    import structlog
+
+    base = structlog.make_filtering_bound_logger(logging.DEBUG)
+
+    class LevelChecked(base):  # type: ignore[misc, valid-type]
+        def debug(self, event: str, *args: Any, **kw: Any) -> Any:
+            if not self._logger.isEnabledFor(logging.DEBUG):
+                return None
+            return super().debug(event, *args, **kw)
+
+        def info(self, event: str, *args: Any, **kw: Any) -> Any:
+            if not self._logger.isEnabledFor(logging.INFO):
+                return None
+            return super().info(event, *args, **kw)
+
+    return LevelChecked
+
+
 def _structlog_logger() -> structlog.typing.FilteringBoundLogger:
     import structlog
 
@@ -61,7 +88,7 @@ def _structlog_logger() -> structlog.typing.FilteringBoundLogger:
             structlog.processors.format_exc_info,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        wrapper_class=_level_checked(),
         cache_logger_on_first_use=False,
     )
     return logger

@@ -61,6 +61,7 @@ EVENTS_TABLE = "steptrail_events"
 JOURNAL_COLUMNS = ("seq", "position", "kind", "name", "fingerprint", "outcome")
 # Not a migration file: the step `migrate` takes on a database restored from another server.
 RESTORED = "renumber_restored_log_positions"
+_NO_ENTRY = dict.fromkeys(JOURNAL_COLUMNS)  # an append without a journal entry: NULLs
 FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
 
@@ -322,18 +323,22 @@ class PostgresRunStore(ClaimsOne):
     def append_statement(
         self, run: Run, *, resumable: bytes | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """The query (`append_one` for one event and at most one journal entry, else
-        `append`) and its parameters for `run`'s pending events and journal."""
+        """The query and its parameters for `run`'s pending events and journal: with one
+        event or two (a settle carrying the last step) and at most one journal entry, the
+        scalar `append_one` or `append_two`; else `append`, whose arrays psycopg adapts at a
+        cost per list (ADR 0039, ADR 0053)."""
         pending = run.pending_events
         journal = journal_rows(run)
-        if len(pending) > 1 or len(journal) > 1:
+        if len(pending) > 2 or len(journal) > 1:
             return "append", self.append_params(run, resumable=resumable)
         params = self._append_common(run, resumable)
         params["topic"], params["state"] = encode_event(pending[0])
-        entry = journal[0] if journal else dict.fromkeys(JOURNAL_COLUMNS)
+        if len(pending) == 2:
+            params["topic_2"], params["state_2"] = encode_event(pending[1])
+        entry = journal[0] if journal else _NO_ENTRY
         for column in JOURNAL_COLUMNS:
             params[f"j_{column}"] = entry[column]
-        return "append_one", params
+        return ("append_one" if len(pending) == 1 else "append_two"), params
 
     def append_params(self, run: Run, *, resumable: bytes | None = None) -> dict[str, Any]:
         """The parameters of the `append` query for `run`'s pending events and journal."""

@@ -789,7 +789,8 @@ class RunContext:
             # recorded without them, as failed with the limit's error type (in the journal
             # too, so a replay fails the same way), and the agent gets the error.
             check_depth(body, f"the payload of step {name!r}")
-            if error is None:
+            if error is None and not log_result:
+                # (Logged, the value sits one level down in `body`, whose check covers it.)
                 check_depth(result, f"the value of step {name!r}")
             filtered = filter_payload(
                 jsonable(body), self._privacy, declared_tools=self._declared_tools

@@ -308,3 +308,70 @@ def test_journal__kept_across_a_requeue(store: Any) -> None:
     run.requeue(delay_ms=0, failure_class=FailureClass.SERVER_ERROR, error_type="E")
     store.append(run)
     assert [e.seq for e in store.journal(run.id)] == [1, 2]
+
+
+def _step(run: Run, name: str) -> None:
+    seq = run.state.steps + 1
+    entry = JournalEntry.of_value(seq, StepCall("llm", name, "f" * 16), {"name": name})
+    run.record_step(kind="llm", name=name, duration_ms=1, journal=entry)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "step",  # one event, one entry (PostgreSQL: append_one)
+        "renewal",  # one event, no entry (append_one)
+        "replay_and_step",  # two events, one entry (append_two)
+        "marker_and_renewal",  # two events, no entry (append_two)
+        "step_and_settle",  # two events, the entry dropped by the settle (append_two)
+        "two_steps",  # two events, two entries (append)
+        "three_events",  # (append)
+    ],
+)
+def test_append__every_shape_lands_whole_and_fenced(store: Any, shape: str) -> None:
+    """Whatever the number of events and journal entries an append carries (PostgreSQL
+    sends the common shapes with scalar parameters, ADR 0039/0053), every event lands at its
+    version in order, the journal gets exactly the entries of the steps, the row equals the
+    run and its rebuild, and a stale writer of the same shape conflicts and writes nothing."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    _step(run, "s1")
+    store.append(run)
+    zombie = store.load(run.id)
+    commands = {
+        "step": lambda r: _step(r, "s2"),
+        "renewal": lambda r: r.renew_lease(),
+        "replay_and_step": lambda r: (r.record_replay(count=1, last_seq=1), _step(r, "s2")),
+        "marker_and_renewal": lambda r: (
+            r.mark_effect_pending(tool="send", effect=Effect.IDEMPOTENT_WRITE),
+            r.renew_lease(),
+        ),
+        "step_and_settle": lambda r: (_step(r, "s2"), r.complete(result={"ok": True})),
+        "two_steps": lambda r: (_step(r, "s2"), _step(r, "s3")),
+        "three_events": lambda r: (_step(r, "s2"), r.renew_lease(), _step(r, "s3")),
+    }
+    commands[shape](run)
+    expected = [(run.committed_version + i + 1, e) for i, e in enumerate(run.pending_events)]
+    steps_written = [q for q, _ in run.pending_journal]
+    store.append(run)
+
+    history = store.history(run.id)
+    assert [(h.version, h.event) for h in history[-len(expected) :]] == expected
+    assert [h.version for h in history] == list(range(1, run.version + 1))
+    journal = [e.seq for e in store.journal(run.id)]
+    settled = run.status is RunStatus.COMPLETED
+    assert journal == ([] if settled else [1, *steps_written])
+    row = store.row(run.id)
+    assert row.state == run.state
+    rebuilt = rebuild_row((h.event, h.recorded_at) for h in history)
+    assert rebuilt is not None
+    assert normalise(rebuilt) == normalise(row)
+
+    commands[shape](zombie)
+    with pytest.raises(VersionConflict):
+        store.append(zombie)
+    assert [(h.version, h.event) for h in store.history(run.id)] == [
+        (h.version, h.event) for h in history
+    ]
+    assert [e.seq for e in store.journal(run.id)] == journal
+    assert store.load(run.id).state == run.state

@@ -308,6 +308,42 @@ def test_logger__goes_through_stdlib_logging(caplog: pytest.LogCaptureFixture) -
         logger.propagate = old[1]
 
 
+def test_logger__level_read_on_every_call(caplog: pytest.LogCaptureFixture) -> None:
+    """A bound logger skips debug and info while the stdlib level is above them (without
+    building the event, ADR 0053), and logs them once the level is lowered: the level is
+    asked on each call, never remembered."""
+    log = steptrail_logger().bind(worker_id="w")
+    logger = logging.getLogger("steptrail")
+    old = logger.level, logger.propagate
+    logger.propagate = True
+    try:
+        with caplog.at_level(logging.DEBUG, logger="steptrail"):
+            logger.setLevel(logging.WARNING)
+            log.debug("hidden_debug")
+            log.info("hidden_info", run_id="r")
+            logger.setLevel(logging.INFO)
+            log.debug("hidden_debug_2")
+            log.info("shown_info", run_id="r")
+            logger.setLevel(logging.DEBUG)
+            log.bind(version=2).debug("shown_debug")
+            # The real structlog logger exists now: its own methods ask the level too.
+            logger.setLevel(logging.WARNING)
+            log.info("hidden_info_2")
+            log.bind(version=3).debug("hidden_debug_3")
+            log.warning("shown_warning")
+            logger.setLevel(logging.INFO)
+            log.bind(version=4).info("shown_info_2")
+        # (caplog may see a record twice: on `steptrail` and where it propagates to)
+        events = {r.msg["event"]: r.msg for r in caplog.records if isinstance(r.msg, dict)}
+        assert list(events) == ["shown_info", "shown_debug", "shown_warning", "shown_info_2"]
+        assert events["shown_info_2"]["version"] == 4
+        assert events["shown_info"]["worker_id"] == "w"
+        assert events["shown_debug"]["version"] == 2
+    finally:
+        logger.setLevel(old[0])
+        logger.propagate = old[1]
+
+
 def test_tool_label__free_text_names_only_at_redacted_and_full() -> None:
     """A declared tool keeps its name; an undeclared one is a stable digest label below
     `redacted`, masked at `redacted`, verbatim at `full`."""

@@ -18,6 +18,7 @@ BACKEND_ONLY: dict[str, str] = {
     "append_event": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "update_run_document": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "append_one": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
+    "append_two": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
     "lock_as_writer": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     **dict.fromkeys(

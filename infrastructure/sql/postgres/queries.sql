@@ -163,6 +163,24 @@ SELECT steptrail_append(
     ARRAY[%(j_fingerprint)s::text], ARRAY[%(j_outcome)s::bytea]
 );
 
+-- name: append_two
+-- PostgreSQL only: `append_one` for two events and at most one journal entry: a settle that
+-- carries the run's last step (every run that records a step settles so; the entry is then
+-- dropped, a settle deletes the journal), or a step with the replay note. Scalar parameters
+-- for the same reason as `append_one`: adapting the arrays' lists (and escaping each event's
+-- JSON into an array literal) cost the client more than the rest of the statement (ADR 0053).
+SELECT steptrail_append(
+    %(run_id)s, %(expected)s,
+    ARRAY[%(expected)s::bigint + 1, %(expected)s::bigint + 2],
+    ARRAY[%(topic)s::text, %(topic_2)s::text], ARRAY[%(state)s::bytea, %(state_2)s::bytea],
+    %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s, %(lease_ms)s,
+    %(claim_version)s, %(requeue_count)s, %(reason)s, %(idempotency_key)s, %(doc)s::jsonb,
+    %(retry_delay_ms)s, %(resumable)s, %(drop_saved)s, %(notify)s,
+    CASE WHEN %(j_seq)s::bigint IS NOT NULL THEN ARRAY[%(j_seq)s::bigint] END,
+    ARRAY[%(j_position)s::integer], ARRAY[%(j_kind)s::text], ARRAY[%(j_name)s::text],
+    ARRAY[%(j_fingerprint)s::text], ARRAY[%(j_outcome)s::bytea]
+);
+
 -- name: drop_saved_but_request
 -- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
 -- its append passes drop_saved = false and runs this in the same transaction instead, which
