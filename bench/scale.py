@@ -58,6 +58,7 @@ from typer.testing import CliRunner
 from steptrail.cli import cli
 from steptrail.domain.digest import canonical_json, digest
 from steptrail.domain.enums import FailureClass, TerminationReason
+from steptrail.domain.ids import ENTROPY_BYTES, time_ordered_id
 from steptrail.domain.run import Run
 from steptrail.infrastructure.settings import Settings
 from steptrail.runtime import Runtime, open_runtime
@@ -76,16 +77,25 @@ SPREAD = timedelta(days=30)
 # -- building a database ---------------------------------------------------------------------
 
 
-def settled_runs(count: int, first: int, now: datetime, size: int, old: int) -> Iterator[Any]:
+def settled_runs(
+    count: int, first: int, now: datetime, size: int, old: int, *, ids: str = "ordered"
+) -> Iterator[Any]:
     """(run, instant of its first event, kept request) for runs `first … first+count-1` of
-    a history of `size`: made by the domain's own methods, settled in one segment."""
+    a history of `size`: made by the domain's own methods, settled in one segment. Run ids
+    are made as the runtime makes them (`ordered`: version 7, from the run's creation
+    instant, ADR 0052) or, to measure a database from before that, `random` (version 4)."""
     step = SPREAD / max(1, size)
     for i in range(first, first + count):
         at = now - timedelta(days=OLD_DAYS) + i * timedelta(seconds=1) if i < old else (
             now - SPREAD + i * step
         )  # fmt: skip
+        run_id = (
+            time_ordered_id(int(at.timestamp() * 1000), os.urandom(ENTROPY_BYTES))
+            if ids == "ordered"
+            else uuid4()
+        )
         run = Run.enqueue(
-            run_id=uuid4(),
+            run_id=run_id,
             agent=AGENT,
             request_digest=digest(REQUEST),
             actor="scale-load",
@@ -109,13 +119,15 @@ def settled_runs(count: int, first: int, now: datetime, size: int, old: int) -> 
         yield run, at, kept
 
 
-def build(rt: Runtime, size: int, old: int, say: Callable[[str], None]) -> dict[str, float]:
+def build(
+    rt: Runtime, size: int, old: int, say: Callable[[str], None], ids: str = "ordered"
+) -> dict[str, float]:
     now = datetime.now(UTC) - timedelta(minutes=5)
     started = time.perf_counter()
     events = 0
     for first in range(0, size, LOAD_BATCH):
         count = min(LOAD_BATCH, size - first)
-        runs = list(settled_runs(count, first, now, size, old))
+        runs = list(settled_runs(count, first, now, size, old, ids=ids))
         events += sum(len(run.pending_events) for run, _, _ in runs)
         rt.store.bulk_load_settled(runs)
         if (first // LOAD_BATCH) % 20 == 19:
@@ -299,7 +311,7 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
     return figures
 
 
-def purge(rt: Runtime) -> dict[str, float]:
+def purge(rt: Runtime, batch: int = 100) -> dict[str, float]:
     """Purge the old runs; time per run, and apart the store's `after_purge` (PostgreSQL:
     VACUUM of the purged tables; SQLite: a WAL checkpoint), whose cost follows the tables'
     size, not the runs purged."""
@@ -315,7 +327,7 @@ def purge(rt: Runtime) -> dict[str, float]:
     store.after_purge = timed_after_purge  # type: ignore[method-assign]
     try:
         started = time.perf_counter()
-        report = rt.purge(PURGE_DAYS, batch=100)
+        report = rt.purge(PURGE_DAYS, batch=batch)
         seconds = time.perf_counter() - started
     finally:
         del store.after_purge
@@ -332,15 +344,17 @@ def purge(rt: Runtime) -> dict[str, float]:
 
 
 @contextmanager
-def database(backend: str, size: int, cfg: argparse.Namespace, folder: Path) -> Iterator[str]:
+def database(
+    backend: str, size: int, cfg: argparse.Namespace, folder: Path, tag: str = ""
+) -> Iterator[str]:
     if backend == "sqlite":
-        path = folder / f"scale-{size}.db"
+        path = folder / f"scale-{size}{tag}.db"
         yield f"sqlite:///{path}"
         if not cfg.keep:
             for p in folder.glob(path.name + "*"):
                 p.unlink()
         return
-    name = f"steptrail_scale_{os.getpid()}_{size}"
+    name = f"steptrail_scale_{os.getpid()}_{size}{tag}"
     admin = f"{cfg.pg.rstrip('/')}/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))

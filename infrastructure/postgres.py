@@ -470,7 +470,7 @@ class PostgresRunStore(ClaimsOne):
             "reason": reason,
             "limit": limit,
             # Above every key: the last instant PostgreSQL keeps, and the largest uuid (a
-            # uuid4 never has it: its version nibble is 4).
+            # run id never has it: its version nibble is 7, or 4 before ADR 0052).
             "before_at": before[0] if before else datetime(9999, 12, 31, tzinfo=UTC),
             "before_id": before[1] if before else UUID(int=(1 << 128) - 1),
         }

@@ -392,7 +392,7 @@ class ReportingStore:
 
     def _key_id(self, run_id: UUID | None) -> Any:
         # Above every id: hex text on SQLite ('g' sorts after 'f'), the largest UUID on
-        # PostgreSQL (a uuid4 never has it: its version nibble is 4).
+        # PostgreSQL (no run id has it: its version nibble is 7, or 4 before ADR 0052).
         if run_id is None:
             return "g" if isinstance(self.d.db_id(_LAST_ID), str) else _LAST_ID
         return self.d.db_id(run_id)

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from steptrail.domain.ids import short_id
+
 if TYPE_CHECKING:  # only named in annotations: importing them costs the pydantic models
     from steptrail.domain.ports import RecordedEvent
     from steptrail.domain.run import Run
@@ -140,7 +142,7 @@ def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
         s = row.state
         add_row(
             table,
-            str(s.run_id)[:8],
+            short_id(s.run_id),
             s.status.value,
             s.reason.value if s.reason else "-",
             str(s.steps),

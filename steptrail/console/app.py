@@ -41,6 +41,7 @@ from steptrail.domain.errors import (
     InvalidInput,
     UnknownRun,
 )
+from steptrail.domain.ids import short_id
 from steptrail.runtime import Runtime
 
 OPERATOR_COOKIE = "steptrail_operator"
@@ -343,7 +344,7 @@ def _ms(value: float | None) -> str:
 
 
 def _short(value: object) -> str:
-    return str(value)[:8]
+    return short_id(value) if isinstance(value, UUID) else str(value)[-8:]
 
 
 def _when(value: datetime | None) -> str:

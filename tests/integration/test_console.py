@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 
 from steptrail.console import ConsoleConfig, create_app
 from steptrail.domain.enums import RunStatus
+from steptrail.domain.ids import short_id
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from tests.conftest import make_runtime
@@ -73,15 +74,15 @@ def test_pages__every_page_renders(rt: Runtime) -> None:
     c = client(rt)
     assert "stale leases" in c.get("/").text
     runs = c.get("/runs").text
-    assert str(done)[:8] in runs
-    assert str(dead)[:8] in runs
+    assert short_id(done) in runs
+    assert short_id(dead) in runs
     page = c.get(f"/runs/{done}").text
     assert "StepRecorded" in page
     assert "Completed" in page
     inbox = c.get("/inbox").text
-    assert str(waiting)[:8] in inbox
+    assert short_id(waiting) in inbox
     assert rt.pending(waiting).digest in inbox
-    assert str(dead)[:8] in c.get("/dead-letters").text
+    assert short_id(dead) in c.get("/dead-letters").text
     assert c.get(f"/runs/{uuid.uuid4()}").status_code == 404
 
 
@@ -91,15 +92,15 @@ def test_runs__filters_by_status_agent_reason_and_age(rt: Runtime) -> None:
     dead = settle(rt, DEAD)
     c = client(rt)
     failed = c.get("/runs", params={"status": "failed"}).text
-    assert str(dead)[:8] in failed
-    assert str(done)[:8] not in failed
+    assert short_id(dead) in failed
+    assert short_id(done) not in failed
     by_reason = c.get("/runs", params={"reason": "not_retryable"}).text
-    assert str(dead)[:8] in by_reason
-    assert str(done)[:8] not in by_reason
+    assert short_id(dead) in by_reason
+    assert short_id(done) not in by_reason
     other = c.get("/runs", params={"agent": "nobody"}).text
     assert "No runs match." in other
     recent = c.get("/runs", params={"age": "1h", "agent": "scripted"}).text
-    assert str(done)[:8] in recent
+    assert short_id(done) in recent
     assert c.get("/runs", params={"status": "bogus"}).status_code == 400
 
 
@@ -307,7 +308,7 @@ def test_inbox__interactive_run_is_decided_elsewhere(rt: Runtime) -> None:
     caught_up(rt)
     c = client(rt)
     inbox = c.get("/inbox").text
-    assert str(result.run_id)[:8] in inbox
+    assert short_id(result.run_id) in inbox
     assert "Started interactively" in inbox
     assert 'data-action="approve"' not in inbox
 
