@@ -382,10 +382,13 @@ ORDER BY run_id;
 
 -- name: range_notifications
 -- The events of one range of runs up to a position the views reached, in reading order.
+-- Found by the range of run ids, then sorted (the range's events only): `+notification_id`
+-- keeps the planner off the rowid, which matched the ORDER BY and made it read every event
+-- of the log up to the position, for every range (verify of the views went quadratic).
 SELECT notification_id, 0 AS tx_id, originator_id AS run_id, originator_version AS version,
        recorded_at, topic, state
 FROM steptrail_events
-WHERE originator_id BETWEEN :lo AND :hi AND notification_id <= :upto
+WHERE originator_id BETWEEN :lo AND :hi AND +notification_id <= :upto
 ORDER BY notification_id;
 
 -- name: count_summaries
