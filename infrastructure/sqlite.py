@@ -44,6 +44,7 @@ from steptrail.infrastructure.store_base import (
     encoded_events,
     keeps_request,
     listing_query,
+    pending_entries,
     range_end,
     run_from_row,
     settled_load,
@@ -316,11 +317,7 @@ _STR = json.JSONEncoder(ensure_ascii=False).encode
 def journal_cells(run: Run) -> dict[int, bytes]:
     """The journal entries to write with `run`'s pending events, by step seq, in the form
     the event row's `journal` column holds them (ADR 0050): one JSON array
-    `[seq, position, kind, name, fingerprint, outcome]`, the outcome as encoded. None when
-    the append settles the run, since settling drops the journal (ADR 0013)."""
-    pending = run.pending_journal
-    if not pending or run.state.status.is_terminal:
-        return {}
+    `[seq, position, kind, name, fingerprint, outcome]`, the outcome as encoded."""
     return {
         seq: b"[%d,%d,%s,%s,%s,%s]"
         % (
@@ -331,7 +328,7 @@ def journal_cells(run: Run) -> dict[int, bytes]:
             _STR(e.fingerprint).encode(),
             e.outcome(),
         )
-        for seq, e in pending
+        for seq, e in pending_entries(run)
     }
 
 
@@ -677,17 +674,17 @@ class SQLiteRunStore(ClaimsOne):
         # A step's journal entry rides in its own StepRecorded's row (ADR 0050): an event
         # that lands brings its entry, one that does not, does not.
         cells = journal_cells(run)
+        events = [
+            (
+                run_hex,
+                first + i,
+                *encode_event(e),
+                cells.pop(e.seq, None) if cells and type(e) is Run.StepRecorded else None,
+            )
+            for i, e in enumerate(pending)
+        ]
         if cells:
-            events = [
-                (run_hex, first + i, *encode_event(e), cells.pop(e.seq, None))
-                if type(e) is Run.StepRecorded
-                else (run_hex, first + i, *encode_event(e), None)
-                for i, e in enumerate(pending)
-            ]
-            if cells:
-                raise RuntimeError(f"journal entries without their step's event: {sorted(cells)}")
-        else:
-            events = [(run_hex, first + i, *encode_event(e), None) for i, e in enumerate(pending)]
+            raise RuntimeError(f"journal entries without their step's event: {sorted(cells)}")
         with self._write() as (cur, at):
             if len(events) == 1:
                 cur.execute(self.q["append_event"], (*events[0], at))

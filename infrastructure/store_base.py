@@ -91,11 +91,18 @@ def keeps_request(state: RunState) -> bool:
     return state.status is RunStatus.FAILED
 
 
+def pending_entries(run: Run) -> tuple[tuple[int, JournalEntry], ...]:
+    """(step seq, entry) of the journal entries to write with `run`'s pending events: none
+    when the append settles the run, since settling deletes the journal in the same
+    transaction (ADR 0013)."""
+    pending = run.pending_journal
+    if not pending or run.state.status.is_terminal:
+        return ()
+    return pending
+
+
 def journal_rows(run: Run) -> list[dict[str, Any]]:
-    """The journal rows to write with `run`'s pending events: none when the append settles
-    the run, since settling deletes the journal in the same transaction (ADR 0013)."""
-    if run.state.status.is_terminal:
-        return []
+    """The journal rows to write with `run`'s pending events (`pending_entries`), by column."""
     return [
         {
             "seq": seq,
@@ -105,7 +112,7 @@ def journal_rows(run: Run) -> list[dict[str, Any]]:
             "fingerprint": e.fingerprint,
             "outcome": e.outcome(),
         }
-        for seq, e in run.pending_journal
+        for seq, e in pending_entries(run)
     ]
 
 
