@@ -148,13 +148,9 @@ def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
     The pending-effect markers survive on purpose: an auditor must still see that a write may
     have happened before the run ended.
     """
-    return state.evolve(
-        version=state.version + 1,
-        status=status,
-        segment=None,
-        holder=None,
-        lease_ms=None,
-        claim_version=None,
+    return _released(
+        state,
+        status,
         has_saved_request=False,
         has_resumable_state=False,
         waiting=None,
