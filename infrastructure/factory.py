@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from steptrail.domain.errors import StoreUnavailable
-from steptrail.infrastructure.sqlite import ReadOnlyStore, SQLiteRunStore, target_from_url
+from steptrail.infrastructure.store_base import ReadOnlyStore
 
-if TYPE_CHECKING:  # imported when a PostgreSQL URL is opened: psycopg costs a SQLite process
+if TYPE_CHECKING:  # each store is imported when a URL of its backend is opened: psycopg
+    # costs a SQLite process, and sqlite3 with the eventsourcing library a PostgreSQL one
     from steptrail.infrastructure.postgres import PostgresRunStore
+    from steptrail.infrastructure.sqlite import SQLiteRunStore
 
 
 class SchemaMissing(RuntimeError):
@@ -18,13 +20,20 @@ class SchemaMissing(RuntimeError):
 
 
 def open_store(
-    url: str, *, pool_size: int = 4, migrate: bool = True, ensure_schema: bool = True
+    url: str,
+    *,
+    pool_size: int = 4,
+    migrate: bool = True,
+    ensure_schema: bool = True,
+    one_shot: bool = False,
 ) -> PostgresRunStore | SQLiteRunStore:
     """A connected store for `url`, migrated if `migrate` (else SchemaMissing if behind).
 
     With `ensure_schema=False` the schema is neither checked nor migrated (what `steptrail
     migrate` wants: it migrates itself). A SQLite file that did not exist before and could
     not be opened with its schema is removed again, so a failed open leaves nothing behind.
+    With `one_shot` (a command that ends when its work is done) a PostgreSQL store keeps one
+    connection instead of a pool of `pool_size` (ADR 0056).
 
     Raises:
         ValueError: the URL is not one steptrail understands.
@@ -39,8 +48,10 @@ def open_store(
     if scheme in ("postgresql", "postgres"):
         from steptrail.infrastructure.postgres import PostgresRunStore
 
-        store = PostgresRunStore(url, pool_size=pool_size)
+        store = PostgresRunStore(url, pool_size=pool_size, one_shot=one_shot)
     elif scheme == "sqlite":
+        from steptrail.infrastructure.sqlite import SQLiteRunStore, target_from_url
+
         path = target_from_url(url).path
         created = path if path is not None and not path.exists() else None
         try:

@@ -6,22 +6,27 @@ one network round trip and one commit. Writers of one run queue on its index row
 different runs never wait for each other (ADR 0012). Failures map to two domain errors only:
 the fence (a run not at the expected version, or a taken log key) is a `VersionConflict`;
 anything that lost the connection is `StoreUnavailable`.
+
+Connections: a long-lived process (a worker, the console) gets a pool of `pool_size`
+connections, opened at start. A one-shot command (the CLI's `stats`, `runs`, `enqueue`,
+`reap`...) keeps the one connection it opened to check the server and opens another only
+while that one is busy (a nested or concurrent use): four more connections, the pool's
+threads and psycopg_pool's import cost such a command more than its work (ADR 0056).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
 from uuid import UUID, uuid4
 
 import psycopg
-import psycopg_pool
-from eventsourcing.postgres import PostgresDatastore
 from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
@@ -56,6 +61,9 @@ from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgr
 from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import RunRow, column_values, document_json, rebuild_rows
 
+if TYPE_CHECKING:  # imported when a pool is made: a one-shot command keeps one connection
+    from psycopg_pool import ConnectionPool
+
 EVENTS_TABLE = "steptrail_events"
 # The journal's columns as the append queries name their parameters (j_<column>[s]).
 JOURNAL_COLUMNS = ("seq", "position", "kind", "name", "fingerprint", "outcome")
@@ -63,32 +71,139 @@ JOURNAL_COLUMNS = ("seq", "position", "kind", "name", "fingerprint", "outcome")
 RESTORED = "renumber_restored_log_positions"
 _NO_ENTRY = dict.fromkeys(JOURNAL_COLUMNS)  # an append without a journal entry: NULLs
 FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
-_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
+# psycopg_pool's PoolTimeout and PoolClosed are OperationalErrors.
+_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+# Ours is the `eventsourcing` library's setting, kept when its datastore was dropped (ADR
+# 0056): `idle_in_transaction_session_timeout` off, whatever the server or role sets.
+_SESSION = "SET idle_in_transaction_session_timeout = '0ms'"
 
 
-def datastore_from_url(url: str, *, pool_size: int, schema: str = "") -> PostgresDatastore:
-    """An eventsourcing PostgresDatastore (connection pool) for a `postgresql://` URL."""
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """psycopg's connection arguments for a `postgresql://` URL (its query string is not
+    read; a missing host is 127.0.0.1, a missing user postgres)."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise ValueError(f"not a PostgreSQL URL: {url!r}")
     dbname = unquote(parts.path.lstrip("/"))
     if not dbname:
         raise ValueError(f"the PostgreSQL URL names no database: {url!r}")
-    return PostgresDatastore(
-        dbname=dbname,
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=unquote(parts.username or "postgres"),
-        password=unquote(parts.password or ""),
-        pool_size=pool_size,
-        max_overflow=pool_size,
+    return {
+        "dbname": dbname,
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 5432,
+        "user": unquote(parts.username or "postgres"),
+        "password": unquote(parts.password or ""),
+        "row_factory": dict_row,
+    }
+
+
+def _configure(conn: psycopg.Connection[DictRow]) -> None:
+    """What every connection of the store is set to: autocommit (each hot-path write is one
+    statement; a transaction is opened explicitly where one is wanted), the session setting."""
+    conn.autocommit = True
+    conn.execute(_SESSION)
+
+
+def _connect(kwargs: Mapping[str, Any]) -> psycopg.Connection[DictRow]:
+    conn: psycopg.Connection[DictRow] = psycopg.Connection.connect(connect_timeout=5, **kwargs)
+    try:
+        _configure(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class _Connections(Protocol):
+    """Where the store's connections come from: a pool, or one kept connection."""
+
+    def connection(self) -> AbstractContextManager[psycopg.Connection[DictRow]]: ...
+
+    def close(self) -> None: ...
+
+
+def make_pool(kwargs: Mapping[str, Any], pool_size: int) -> ConnectionPool[Any]:
+    """A psycopg pool of `pool_size` connections (up to twice as many under load), opened,
+    with every connection made there (StoreUnavailable-mapped errors if not within 10 s)."""
+    from psycopg_pool import ConnectionPool
+
+    pool: ConnectionPool[Any] = ConnectionPool(
+        kwargs=dict(kwargs),
+        connection_class=psycopg.Connection[DictRow],
+        min_size=pool_size,
+        max_size=pool_size * 2,
+        open=False,
+        configure=_configure,
+        timeout=5.0,
         max_waiting=0,
-        pre_ping=False,  # a check per checkout would double every round trip; a broken
-        # connection fails the next statement instead, and the segment handles that (ADR 0007)
-        connect_timeout=5.0,
-        pool_open_timeout=10.0,
-        schema=schema,
+        max_lifetime=60 * 60.0,
+        # No check per checkout: it would double every round trip; a broken connection
+        # fails the next statement instead, and the segment handles that (ADR 0007).
+        check=None,
     )
+    try:
+        pool.open(wait=True, timeout=10.0)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+class OneConnection:
+    """One kept connection for a one-shot command, and another opened only while it is
+    taken (a use nested in another, or one from a second thread) and closed after that use.
+
+    What the pool did on a connection's return is done here too: a broken connection is
+    dropped (the next use connects again), one left in a transaction is rolled back.
+    """
+
+    def __init__(self, kwargs: Mapping[str, Any], first: psycopg.Connection[DictRow]) -> None:
+        self._kwargs = dict(kwargs)
+        self._kept: psycopg.Connection[DictRow] | None = first
+        self._taken = threading.Lock()
+        self._closed = False
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[DictRow]]:
+        if self._closed:
+            raise psycopg.OperationalError("the store is closed")
+        if not self._taken.acquire(blocking=False):
+            with _connect(self._kwargs) as extra:
+                yield extra
+            return
+        try:
+            if self._kept is None or self._kept.closed:
+                self._kept = _connect(self._kwargs)
+            conn = self._kept
+            try:
+                yield conn
+            finally:
+                self._settle(conn)
+        finally:
+            self._taken.release()
+
+    def _settle(self, conn: psycopg.Connection[DictRow]) -> None:
+        if self._closed or conn.broken or conn.closed:
+            self._kept = None
+            conn.close()
+        elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                self._kept = None
+                conn.close()
+
+    def close(self) -> None:
+        """Close the kept connection now, or (in use by another thread) when it is returned,
+        as the pool does."""
+        self._closed = True
+        if self._taken.acquire(blocking=False):
+            try:
+                if self._kept is not None:
+                    self._kept.close()
+                    self._kept = None
+            finally:
+                self._taken.release()
 
 
 class PostgresRunStore(ClaimsOne):
@@ -96,22 +211,37 @@ class PostgresRunStore(ClaimsOne):
 
     backend = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(self, url: str, *, pool_size: int = 4, one_shot: bool = False) -> None:
+        """Connect to the database at `url`: a pool of `pool_size` connections, or with
+        `one_shot` (a command that ends once its work is done) one connection kept.
+
+        Raises:
+            ValueError: not a PostgreSQL URL, or one without a database.
+            StoreUnavailable: the server cannot be reached.
+        """
         self.url = url
-        self.datastore = datastore_from_url(url, pool_size=pool_size)
+        kwargs = connect_kwargs(url)
         self.q = queries(self.backend)
         self._woken = threading.Event()
         self._listener: threading.Thread | None = None
         self._closed = threading.Event()
         self._claim_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        # The pool logs every failed connection attempt as a warning while it retries; what
+        # fails is raised to the caller instead (the eventsourcing library's levels, kept).
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        logging.getLogger("psycopg").setLevel(logging.ERROR)
+        self._connections: _Connections
         try:
-            # One plain connection first: it fails fast, with the server's own words
-            # ("connection refused", "database does not exist"), where the pool would only
-            # time out.
-            psycopg.connect(url, connect_timeout=5).close()
-            self.datastore.pool.open(wait=True, timeout=10.0)
+            if one_shot:
+                # The first connection fails fast, with the server's own words ("connection
+                # refused", "database does not exist"), and is the one the command uses.
+                self._connections = OneConnection(kwargs, _connect(kwargs))
+            else:
+                # One plain connection first, for the same words: the pool would only time
+                # out.
+                psycopg.connect(url, connect_timeout=5).close()
+                self._connections = make_pool(kwargs, pool_size)
         except _CONNECTION_ERRORS as e:
-            self.datastore.close()
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {_first_line(e)}") from e
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -119,7 +249,7 @@ class PostgresRunStore(ClaimsOne):
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[DictRow]]:
         try:
-            with self.datastore.pool.connection() as conn:
+            with self._connections.connection() as conn:
                 yield conn
         except psycopg.errors.ForeignKeyViolation as e:
             if e.diag.constraint_name == "steptrail_events_run_fk":
@@ -141,7 +271,7 @@ class PostgresRunStore(ClaimsOne):
 
     def close(self) -> None:
         self._closed.set()
-        self.datastore.close()
+        self._connections.close()
         if self._listener is not None:
             self._listener.join(timeout=2)
 

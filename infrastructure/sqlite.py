@@ -40,6 +40,7 @@ from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
     ClaimsOne,
+    ReadOnlyStore,
     after,
     encoded_events,
     keeps_request,
@@ -88,11 +89,6 @@ SYSTEM_FOLDERS = (
     "/usr",
 )
 SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-class ReadOnlyStore(StoreUnavailable):
-    """A write was asked of a store opened read-only (`?mode=ro`, or a file steptrail may
-    not write)."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from steptrail.domain.enums import RunStatus
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun
 from steptrail.domain.run import Run, RunState
@@ -25,6 +26,12 @@ from steptrail.projections.run_index import (
 REQUEST = "request"
 RESUMABLE = "resumable"
 LOAD_SPACING = timedelta(milliseconds=1)  # between the events of one bulk-loaded run
+
+
+class ReadOnlyStore(StoreUnavailable):
+    """A write was asked of a store opened read-only (`?mode=ro`, or a file steptrail may
+    not write). Only SQLite raises it; it lives here so that catching it (the CLI does)
+    imports neither store."""
 
 
 def listing_query(status: str | None) -> str:

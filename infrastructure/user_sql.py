@@ -8,12 +8,13 @@ as plain dicts on both.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # psycopg is imported where PostgreSQL is used: a SQLite process never is
+if TYPE_CHECKING:  # each driver is imported where its backend is used, never the other's
+    import sqlite3
+
     import psycopg
     from psycopg.rows import DictRow
 

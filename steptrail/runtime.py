@@ -866,6 +866,7 @@ def open_runtime(
     telemetry: Telemetry | None = None,
     metrics_registry: CollectorRegistry | None = None,
     tracer_provider: TracerProvider | None = None,
+    one_shot: bool = False,
     **overrides: Any,
 ) -> Runtime:
     """Open a runtime: read settings, connect, migrate the schema if needed.
@@ -884,6 +885,9 @@ def open_runtime(
             a private one, `Runtime.metrics.registry`).
         tracer_provider: the OpenTelemetry tracer provider for run traces (default: the
             global one; setting `tracing=off` turns tracing off either way).
+        one_shot: the runtime serves one command and is closed after it (the CLI's reads,
+            `enqueue`, `reap`...): on PostgreSQL it keeps one connection instead of opening
+            a pool (another is opened only while that one is busy).
         overrides: individual settings, e.g. `lease_seconds=5`.
 
     Raises:
@@ -917,6 +921,7 @@ def open_runtime(
         url or settings.database_url,
         migrate=settings.auto_migrate,
         ensure_schema=ensure_schema,
+        one_shot=one_shot,
     )
     observers = compose(metrics, tracing, telemetry)
     return Runtime(combined, settings, store, telemetry=observers, metrics=metrics)

@@ -84,8 +84,12 @@ def load_app(ref: str) -> App:
 
 
 @contextmanager
-def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
-    """Open the runtime the global options describe, turning known failures into exits."""
+def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> Iterator[Runtime]:
+    """Open the runtime the global options describe, turning known failures into exits.
+
+    A command that ends once its work is done opens a one-shot runtime (one PostgreSQL
+    connection, ADR 0056); one that `serving` runs until stopped (workers, the console, a
+    metrics endpoint) gets the connection pool."""
     from steptrail.domain.errors import (
         CorruptResumableState,
         DigestMismatch,
@@ -101,7 +105,7 @@ def runtime(ctx: typer.Context, **overrides: Any) -> Iterator[Runtime]:
     from steptrail.runtime import InvalidRequest
     from steptrail.workers.registry import UnknownAgent
 
-    rt = _open(ctx, ensure_schema=True, **overrides)
+    rt = _open(ctx, ensure_schema=True, one_shot=not serving, **overrides)
     try:
         yield rt
     except (UnknownAgent, InvalidRequest, InvalidInput, InvalidActor, PayloadRejected) as error:
@@ -138,7 +142,7 @@ def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
     return settings
 
 
-def _open(ctx: typer.Context, *, ensure_schema: bool, **overrides: Any) -> Runtime:
+def _open(ctx: typer.Context, *, ensure_schema: bool, one_shot: bool, **overrides: Any) -> Runtime:
     from steptrail.domain.errors import StoreUnavailable
     from steptrail.infrastructure.factory import SchemaMissing
     from steptrail.infrastructure.logging import configure_logging
@@ -149,7 +153,7 @@ def _open(ctx: typer.Context, *, ensure_schema: bool, **overrides: Any) -> Runti
     configure_logging(settings.log_format, settings.log_level)
     try:
         app = load_app(options.app_ref) if options.app_ref else None
-        rt = open_runtime(app, settings=settings, ensure_schema=ensure_schema)
+        rt = open_runtime(app, settings=settings, ensure_schema=ensure_schema, one_shot=one_shot)
     except ValueError as error:
         fail(str(error).splitlines()[0], 2)
     except (StoreUnavailable, SchemaMissing) as error:
@@ -164,7 +168,7 @@ def unmigrated_runtime(ctx: typer.Context) -> Iterator[Runtime]:
     from steptrail.domain.errors import StoreUnavailable
     from steptrail.infrastructure.factory import ReadOnlyStore
 
-    rt = _open(ctx, ensure_schema=False)
+    rt = _open(ctx, ensure_schema=False, one_shot=True)
     try:
         yield rt
     except ReadOnlyStore as error:

@@ -284,7 +284,7 @@ def work(
     """Claim and execute queued runs until interrupted. The first Ctrl-C / SIGTERM stops
     claiming and lets runs in flight finish; a second one exits at once (the reaper then
     reclaims those runs when their leases expire)."""
-    with runtime(ctx) as rt:
+    with runtime(ctx, serving=True) as rt:
         server = _serve_worker_metrics(rt, metrics_port, metrics_addr)
         worker = rt.worker(concurrency=concurrency, burst=burst)
         stop_on_signals(worker.stop, "stopping: finishing runs in flight")
@@ -623,6 +623,11 @@ def demo(
     from steptrail.demo import run_demo
 
     with runtime(
-        ctx, lease_seconds=1.0, retry_base_seconds=0.2, poll_interval=0.05, log_level="error"
+        ctx,
+        serving=True,  # two workers and the reaper at once
+        lease_seconds=1.0,
+        retry_base_seconds=0.2,
+        poll_interval=0.05,
+        log_level="error",
     ) as rt:
         run_demo(rt, out, plain_runs=runs)

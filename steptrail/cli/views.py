@@ -393,7 +393,7 @@ def metrics(
     from steptrail.metrics import registry_for
     from steptrail.metrics import serve as serve_metrics
 
-    with runtime(ctx) as rt:
+    with runtime(ctx, serving=serve is not None) as rt:
         if serve is None:
             refresh_views(rt)
             out.file.write(generate_latest(registry_for(rt)).decode("utf-8"))
@@ -461,7 +461,7 @@ def console(
         operator=operator or f"console:{getpass.getuser()}",
         poll_seconds=poll,
     )
-    with runtime(ctx) as rt:
+    with runtime(ctx, serving=True) as rt:
         where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
         err.print(
             f"steptrail console on {where}"

@@ -1,9 +1,11 @@
-"""The run store's contract, held against SQLite and PostgreSQL alike."""
+"""The run store's contract, held against SQLite and PostgreSQL alike, and on PostgreSQL
+both by the pooled store (workers) and the one-shot one (one kept connection, ADR 0056)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,9 +14,20 @@ from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationR
 from steptrail.domain.errors import VersionConflict
 from steptrail.domain.journal import JournalEntry, StepCall
 from steptrail.domain.run import Run, fold
+from steptrail.infrastructure.factory import open_store
 from steptrail.projections.run_index import normalise, rebuild_row
 
 AGENTS = ["a"]
+
+
+@pytest.fixture(params=["sqlite", "postgres", "postgres-one-shot"])
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """An empty store of each backend, and PostgreSQL's one-shot store besides."""
+    one_shot = request.param == "postgres-one-shot"
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    s = open_store(url, one_shot=one_shot)
+    yield s
+    s.close()
 
 
 def queued(store: Any, *, key: str | None = None, agent: str = "a", body: bytes = b"{}") -> Run:

@@ -280,6 +280,78 @@ def test_the_worker_still_gets_its_machinery_metrics_and_logs(small_db: tuple[st
     )
 
 
+# -- commands on PostgreSQL (ADR 0056) -----------------------------------------------------------
+
+# What a PostgreSQL command needs besides what a SQLite one does is psycopg: not the SQLite
+# store (sqlite3 and the eventsourcing library, which the SQLite store is built on), and a
+# command that ends when its work is done keeps one connection instead of opening a pool.
+NOT_FOR_A_PG_COMMAND = (
+    "steptrail.infrastructure.sqlite",
+    "sqlite3",
+    "eventsourcing",
+    "psycopg_pool",
+    *WORKER_MACHINERY,
+    "prometheus_client",
+    "jsonschema",
+)
+
+
+@pytest.fixture(scope="module")
+def small_pg_db(pg_database: str) -> tuple[str, str]:
+    """The session's PostgreSQL database with one finished two-step run: its URL and the
+    run's id."""
+    from tests.conftest import make_runtime
+
+    rt = make_runtime(pg_database)
+    try:
+        run_id = rt.enqueue("scripted", {"steps": 2})
+        rt.work(burst=True)
+        assert rt.get(run_id).status.value == "completed"
+    finally:
+        rt.close()
+    return pg_database, str(run_id)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["stats"], ["runs"], ["runs", "--agent", "scripted"], ["show", "{run}"], ["events"]],
+    ids=" ".join,
+)
+def test_a_read_command_on_postgresql_imports_psycopg_but_no_pool_nor_sqlite(
+    small_pg_db: tuple[str, str], argv: list[str]
+) -> None:
+    """A read command on PostgreSQL imports psycopg and the PostgreSQL store, and nothing of
+    the SQLite store, the connection pool, the worker machinery, structlog or the tracer."""
+    url, run_id = small_pg_db
+    args = [a.format(run=run_id) for a in argv]
+    watch = ("psycopg", "steptrail.infrastructure.postgres", *NOT_FOR_A_PG_COMMAND, "structlog")
+    loaded = cli_loads("--database-url", url, *args, watch=(*watch, "steptrail.tracing"))
+    assert "steptrail.infrastructure.postgres" in loaded
+    assert "psycopg" in loaded
+    assert [m for m in loaded if m.split(".")[0] != "psycopg"] == [
+        "steptrail.infrastructure.postgres"
+    ]
+
+
+@pytest.mark.parametrize("argv", [["enqueue", "scripted"], ["reap"]], ids=" ".join)
+def test_a_write_command_on_postgresql_opens_no_pool_nor_the_sqlite_store(
+    small_pg_db: tuple[str, str], argv: list[str]
+) -> None:
+    url, _ = small_pg_db
+    loaded = cli_loads("--database-url", url, *argv, watch=NOT_FOR_A_PG_COMMAND)
+    assert loaded == []
+
+
+def test_a_worker_on_postgresql_still_gets_its_pool(small_pg_db: tuple[str, str]) -> None:
+    """`work` runs until stopped and gets the pool: the checks above are not blind to it."""
+    url, _ = small_pg_db
+    loaded = cli_loads("--database-url", url, "work", "--burst", watch=NOT_FOR_A_PG_COMMAND)
+    assert "psycopg_pool" in loaded
+    assert "steptrail.workers.worker" in loaded
+    assert "eventsourcing" not in loaded
+    assert "steptrail.infrastructure.sqlite" not in loaded
+
+
 # -- the lazy pieces behave as the eager ones did ------------------------------------------------
 
 
