@@ -604,7 +604,7 @@ class PostgresRunStore(ClaimsOne):
             "before_at": before[0] if before else datetime(9999, 12, 31, tzinfo=UTC),
             "before_id": before[1] if before else UUID(int=(1 << 128) - 1),
         }
-        name = listing_query(status)
+        name = listing_query(status, agent)
         with self._connection() as conn:
             return [_index_row(r) for r in conn.execute(self.q[name], params)]
 

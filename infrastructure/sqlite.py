@@ -836,7 +836,7 @@ class SQLiteRunStore(ClaimsOne):
             "before_at": to_us(before[0]) if before else 2**62,
             "before_id": before[1].hex if before else "g",
         }
-        name = listing_query(status)
+        name = listing_query(status, agent)
         with self._read() as cur:
             cur.execute(self.q[name], params)
             return [_index_row(r) for r in cur.fetchall()]

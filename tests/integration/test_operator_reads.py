@@ -9,17 +9,29 @@ import json
 import sqlite3
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 from typer.testing import CliRunner
 
 from steptrail.cli import cli
 from steptrail.domain.enums import RunStatus
+from steptrail.domain.run import Run
 from steptrail.infrastructure.sqlfiles import queries
 from steptrail.runtime import Runtime
 from tests.conftest import make_runtime
+from tests.integration.test_planner_proof import (  # noqa: F401 - pg_fresh is a fixture
+    _buffers,
+    _nodes,
+    _plans,
+    _read,
+    _scans_of_runs,
+    pg_fresh,
+)
 from tests.integration.test_upgrade import catch_up, upgraded  # noqa: F401 - a fixture
 
 
@@ -223,6 +235,33 @@ def test_runs__pages_walk_every_run_once_newest_first(runtime: Runtime, status: 
     assert paged == expected
 
 
+def test_runs__one_agents_runs_page_along_its_index_every_run_once(runtime: Runtime) -> None:
+    """Without a status, an agent's runs (ADR 0056) come newest first, only that agent's,
+    every one once across `before` pages, with a status or a reason as before."""
+    mixed_history(runtime)
+    rare: list[UUID] = []
+    for i in range(5):
+        run = Run.enqueue(run_id=uuid4(), agent="rare", request_digest="d", actor="test")
+        rare.append(runtime.store.create(run, request=b"{}").id)
+        if i % 2:
+            runtime.enqueue("scripted", {"steps": 1})
+    everything = runtime.runs(agent="rare", limit=1000)
+    assert [r.run_id for r in everything] == rare[::-1]
+    paged: list[UUID] = []
+    before = None
+    while page := runtime.runs(agent="rare", limit=2, before=before):
+        assert len(page) <= 2
+        paged.extend(r.run_id for r in page)
+        before = page[-1].run_id
+    assert paged == rare[::-1]
+    scripted = runtime.runs(agent="scripted", limit=1000)
+    assert {r.state.agent for r in scripted} == {"scripted"}
+    assert len(scripted) == len(runtime.runs(limit=1000)) - len(rare)
+    assert runtime.runs(agent="rare", status="queued", limit=1000) == everything
+    assert runtime.runs(agent="rare", reason="completed", limit=1000) == []
+    assert runtime.runs(agent="nobody") == []
+
+
 def test_runs__running_runs_are_listed(runtime: Runtime) -> None:
     """Running runs are not in the partial status index; they are listed along the lease
     index."""
@@ -259,6 +298,14 @@ def test_sqlite_plans__each_read_walks_its_index(sqlite_url: str) -> None:
             r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["select_runs"], params)
         )
         assert "steptrail_runs_created_idx" in plan
+        assert "TEMP B-TREE" not in plan
+        plan = " | ".join(
+            r[3]
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN " + q["select_runs_agent"], {**params, "agent": "a"}
+            )
+        )
+        assert "steptrail_runs_agent_created_idx (agent=? AND" in plan
         assert "TEMP B-TREE" not in plan
         plan = " | ".join(
             r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["queue_health"], {"now": 0})
@@ -368,3 +415,56 @@ def test_history__a_page_reads_that_range(runtime: Runtime, long_run: UUID) -> N
     assert runtime.history(long_run, first=7, limit=3) == whole[6:9]
     assert runtime.history(long_run, first=len(whole) + 1, limit=3) == []
     assert runtime.history(long_run, first=len(whole) - 1) == whole[-2:]
+
+
+# -- runs of one agent on PostgreSQL: the plan ------------------------------------------------
+
+RARE_FILL = """
+INSERT INTO steptrail_runs (
+    run_id, agent, status, version, requeue_count, reason, doc, created_at, updated_at
+)
+SELECT gen_random_uuid(), %(agent)s, 'completed', 3, 0, 'completed', '{}'::jsonb,
+       now() - %(age_s)s * interval '1 second' + g * interval '1 ms', now()
+FROM generate_series(1, %(n)s) AS g
+"""
+HISTORY_RUNS = 20_000
+
+
+@pytest.mark.parametrize("analysed", [False, True], ids=["never-analysed", "analysed"])
+def test_pg_plan__a_rare_agents_page_walks_its_index_not_the_history(
+    pg_fresh: str,  # noqa: F811
+    analysed: bool,
+) -> None:
+    """Three runs of a rare agent, older than a history of 20,000 runs of another: a page of
+    the rare agent's runs (ADR 0056) walks the agent index backwards and reads the rows it
+    returns, with no sort, whether or not the planner has statistics; so does the next page,
+    below the key of the last row."""
+    q = queries("postgres")["select_runs_agent"]
+    with psycopg.connect(pg_fresh, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(RARE_FILL, {"agent": "rare", "n": 3, "age_s": 2 * 86_400})
+        conn.execute(RARE_FILL, {"agent": "common", "n": HISTORY_RUNS, "age_s": 86_400})
+        if analysed:
+            conn.execute("ANALYZE steptrail_runs")
+        params: dict[str, Any] = {
+            "agent": "rare",
+            "reason": None,
+            "limit": 2,
+            "before_at": datetime(9999, 12, 31, tzinfo=UTC),
+            "before_id": UUID(int=(1 << 128) - 1),
+        }
+        got: dict[str, Any] = {}
+
+        def page() -> None:
+            got["rows"] = conn.execute(q, params).fetchall()
+
+        for expected in (2, 1):  # the first page, then the one below its last row
+            plans = _plans(conn, page)
+            (plan,) = [p["Plan"] for p in plans]
+            assert len(got["rows"]) == expected
+            scans = _scans_of_runs(plan)
+            assert [n.get("Index Name") for n in scans] == ["steptrail_runs_agent_created_idx"]
+            assert sum(_read(n) for n in scans) == expected
+            assert not [n for n in _nodes(plan) if "Sort" in n["Node Type"]]
+            assert sum(_buffers(n) for n in scans) < 20  # a few index and heap pages
+            last = got["rows"][-1]
+            params.update(before_at=last["created_at"], before_id=last["run_id"])

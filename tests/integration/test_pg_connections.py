@@ -156,5 +156,5 @@ def test_closing_while_another_thread_uses_the_connection_closes_it_on_return(
 def test_an_unreachable_server_is_named_by_a_one_shot_store_as_by_a_pooled_one() -> None:
     url = "postgresql://postgres@127.0.0.1:1/nowhere"
     for one_shot in (True, False):
-        with pytest.raises(StoreUnavailable, match="cannot connect to PostgreSQL: .*refused"):
+        with pytest.raises(StoreUnavailable, match=r"cannot connect to PostgreSQL: .*refused"):
             open_store(url, one_shot=one_shot)

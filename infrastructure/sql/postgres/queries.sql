@@ -288,11 +288,22 @@ ORDER BY originator_id, originator_version;
 
 -- name: select_runs
 -- The inbox and `steptrail runs`: newest first, keyset-paged on (created_at, run_id) below
--- the key given (the first page passes a key above every row). Without a status the walk is
--- along the creation index (ADR 0042); with one, one of the two queries below.
+-- the key given (the first page passes a key above every row). Without a status or an agent
+-- the walk is along the creation index (ADR 0042); with one, one of the queries below.
 SELECT * FROM steptrail_runs
 WHERE (created_at, run_id) < (%(before_at)s, %(before_id)s)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: select_runs_agent
+-- One agent's runs, any status: a backward walk of that agent's slice of the agent index
+-- (agent, created_at, run_id) of migration 0025, which stops after the page however rare
+-- the agent is in the history (ADR 0056).
+SELECT * FROM steptrail_runs
+WHERE agent = %(agent)s
+  AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;

@@ -203,11 +203,22 @@ ORDER BY originator_id, originator_version;
 
 -- name: select_runs
 -- `steptrail runs` and the inbox: newest first, keyset-paged on (created_at, run_id) below
--- the key given (the first page passes a key above every row). Without a status the walk is
--- along the creation index (ADR 0042); with one, one of the two queries below.
+-- the key given (the first page passes a key above every row). Without a status or an agent
+-- the walk is along the creation index (ADR 0042); with one, one of the queries below.
 SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_created_idx
 WHERE (created_at, run_id) < (:before_at, :before_id)
   AND (:agent IS NULL OR agent = :agent)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: select_runs_agent
+-- One agent's runs, any status: a backward walk of that agent's slice of the agent index
+-- (agent, created_at[, run_id]) of migration 0025, which stops after the page however rare
+-- the agent is in the history (ADR 0056).
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_agent_created_idx
+WHERE agent = :agent
+  AND (created_at, run_id) < (:before_at, :before_id)
   AND (:reason IS NULL OR reason = :reason)
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
