@@ -1,4 +1,4 @@
-"""How long the `steptrail` command takes to start (ADRs 0043, 0051).
+"""How long the `steptrail` command takes to start (ADRs 0043, 0051, 0056).
 
 Runs each command line as a fresh subprocess `--repeat` times and reports the median wall
 time, next to `python -c pass` (the interpreter's own floor) measured in the same run:
@@ -8,7 +8,8 @@ time, next to `python -c pass` (the interpreter's own floor) measured in the sam
   `enqueue scripted` and `reap` — opening the runtime, doing the command's work and
   printing: what a command costs beyond its start
 - with `--pg URL` (a PostgreSQL server, e.g. postgresql://postgres@127.0.0.1:5432; a
-  scratch database is created there and dropped after), `stats` and `runs` on it
+  scratch database is created there and dropped after), `stats`, `runs`, `show RUN`,
+  `enqueue scripted` and `reap` on it
 
 Bytecode: the subprocesses run without PYTHONDONTWRITEBYTECODE, so the first (warming) start
 of each command writes the checkout's `__pycache__` if it is missing and the timed ones read
@@ -136,10 +137,13 @@ def main() -> int:
             "steptrail reap (SQLite)": [*steptrail, "reap"],
         }
         if pg_url is not None:
-            small_database(steptrail, env, pg_url)
+            pg_run = small_database(steptrail, env, pg_url)
             pg = [*steptrail, "--database-url", pg_url]
             cases["steptrail stats (PostgreSQL)"] = [*pg, "stats"]
             cases["steptrail runs (PostgreSQL)"] = [*pg, "runs"]
+            cases["steptrail show RUN (PostgreSQL)"] = [*pg, "show", pg_run]
+            cases["steptrail enqueue (PostgreSQL)"] = [*pg, "enqueue", "scripted"]
+            cases["steptrail reap (PostgreSQL)"] = [*pg, "reap"]
         load = os.getloadavg()
         figures: dict[str, float] = {}
         compared: dict[str, float] = {}
