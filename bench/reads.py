@@ -5,7 +5,8 @@ settled runs, built with bench/scale.py's bulk loader, ADR 0044), plus one long 
 `--steps` steps (5,000 by default) and a few queued runs:
 
 - `stats`, `runs`, `runs --status failed`, the next page of it (`--before`), `runs --status
-  queued`, `show` of a settled one-step run, `show` of the long run (its default page),
+  queued`, `runs --agent rare` (three runs of an agent loaded older than the whole history,
+  ADR 0056), `show` of a settled one-step run, `show` of the long run (its default page),
   `show --json` of the long run (the whole trail), `audit --at` in the middle of the long run;
   each run in-process through the CLI (typer's CliRunner; the output captured and dropped),
   the median of `--repeat`;
@@ -81,6 +82,21 @@ def long_run(rt: Runtime, steps: int) -> UUID:
     return run.id
 
 
+def rare_runs(rt: Runtime, n: int = 3) -> None:
+    """`n` settled one-step runs of agent `rare`, loaded a year ago: older than the history,
+    so that a walk of the creation index filtering by agent reads all of it."""
+    loaded = []
+    for i in range(n):
+        run = Run.enqueue(
+            run_id=uuid4(), agent="rare", request_digest=digest(REQUEST), actor="reads-bench"
+        )
+        run.claim(holder="worker:reads-bench", lease_ms=60_000)
+        run.record_step(kind="llm", name="step", duration_ms=3, payload={"i": i})
+        run.complete(result={"ok": True})
+        loaded.append((run, datetime.now(UTC) - timedelta(days=365, minutes=i), None))
+    rt.store.bulk_load_settled(loaded)
+
+
 def timed(args: list[str], env: dict[str, str], repeat: int, baseline: bool) -> float | None:
     """Median seconds of `steptrail ARGS` in-process (output captured and dropped); None if
     this checkout's command line refuses them (an older one, run with `--baseline`)."""
@@ -104,6 +120,7 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
     with open_runtime(settings=Settings(database_url=url, log_level="warning")) as rt:
         say(f"{rt.backend} {size:,}: building")
         figures.update(build(rt, size, 0, say))
+        rare_runs(rt)
         long = long_run(rt, cfg.steps)
         for _ in range(20):
             rt.enqueue("scripted", {"steps": 1})
@@ -135,6 +152,7 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
             cfg.baseline,
         )
         figures["runs_queued_s"] = timed(["runs", "--status", "queued"], env, r, cfg.baseline)
+        figures["runs_agent_s"] = timed(["runs", "--agent", "rare"], env, r, cfg.baseline)
         figures["show_s"] = timed(["show", str(settled)], env, r, cfg.baseline)
         figures["show_long_s"] = timed(["show", str(long)], env, r, cfg.baseline)
         figures["show_long_json_s"] = timed(["show", str(long), "--json"], env, r, cfg.baseline)
@@ -169,6 +187,7 @@ def queries(rt: Runtime, long: UUID, before: UUID, steps: int) -> dict[str, floa
         "q_runs_failed_ms": ms(lambda: rt.runs(status="failed", limit=50)),
         "q_runs_failed_next_ms": ms(lambda: rt.runs(status="failed", limit=10, before=before)),
         "q_runs_queued_ms": ms(lambda: rt.runs(status="queued", limit=50)),
+        "q_runs_agent_ms": ms(lambda: rt.runs(agent="rare", limit=50)),
         "q_trail_page_ms": ms(lambda: rt.history(long, first=steps - PAGE + 1, limit=PAGE)),
     }
 
@@ -189,6 +208,7 @@ def pg_buffers(url: str, long: UUID, steps: int) -> dict[str, float]:
         "buf_health": ("queue_health", {}),
         "buf_runs": ("select_runs", top),
         "buf_runs_failed": ("select_runs_status", {**top, "status": "failed"}),
+        "buf_runs_agent": ("select_runs_agent", {**top, "agent": "rare"}),
         "buf_trail_page": (
             "select_history_page",
             {"run_id": long, "first": steps - PAGE + 1, "limit": PAGE},
@@ -214,6 +234,7 @@ ROWS = [
     ("runs_failed_s", "runs --status failed (s)", "{:.3f}", "≤ 1.5"),
     ("runs_failed_next_s", "runs --status failed --limit 10 --before … (s)", "{:.3f}", "≤ 1.5"),
     ("runs_queued_s", "runs --status queued (s)", "{:.3f}", "≤ 1.5"),
+    ("runs_agent_s", "runs --agent rare (s)", "{:.3f}", "≤ 1.5"),
     ("show_s", "show, a 1-step run (s)", "{:.3f}", "≤ 1.5"),
     ("show_long_s", "show, the long run: default page (s)", "{:.3f}", "≤ 0.5 s"),
     ("show_long_json_s", "show --json, the long run, whole (s)", "{:.3f}", None),
@@ -225,11 +246,13 @@ ROWS = [
     ("q_runs_failed_ms", "query: runs failed, 50 (ms)", "{:.2f}", "≤ 1.5"),
     ("q_runs_failed_next_ms", "query: runs failed, next 10 (ms)", "{:.2f}", "≤ 1.5"),
     ("q_runs_queued_ms", "query: runs queued, 20 (ms)", "{:.2f}", "≤ 1.5"),
+    ("q_runs_agent_ms", "query: runs of a rare agent, 3 (ms)", "{:.2f}", "≤ 1.5"),
     ("q_trail_page_ms", "query: 100 events of the long run (ms)", "{:.2f}", "≤ 1.5"),
     ("buf_counts", "PostgreSQL buffers: reason counts", "{:.0f}", "flat"),
     ("buf_health", "PostgreSQL buffers: oldest queued + stale leases", "{:.0f}", "flat"),
     ("buf_runs", "PostgreSQL buffers: runs, 50", "{:.0f}", "flat"),
     ("buf_runs_failed", "PostgreSQL buffers: runs failed, 50", "{:.0f}", "flat"),
+    ("buf_runs_agent", "PostgreSQL buffers: runs of a rare agent", "{:.0f}", "flat"),
     ("buf_trail_page", "PostgreSQL buffers: 100 events of the long run", "{:.0f}", "flat"),
 ]
 
