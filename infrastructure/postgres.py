@@ -122,8 +122,8 @@ class PostgresRunStore(ClaimsOne):
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
         self.datastore = datastore_from_url(url, pool_size=pool_size)
-        self.q = queries(self.backend)
-        self.q.update({f"{name}_claim": with_claim(self.q[name]) for name in APPENDS})
+        named = queries(self.backend)  # cached and shared: extended in a copy
+        self.q = {**named, **{f"{name}_claim": with_claim(named[name]) for name in APPENDS}}
         self._woken = threading.Event()
         self._listener: threading.Thread | None = None
         self._closed = threading.Event()

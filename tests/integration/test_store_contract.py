@@ -392,9 +392,7 @@ NEXT = ClaimRequest(holder="w2", lease_ms=60_000, agents=("a",), limit=1)
         "fail",  # keeps its request: PostgreSQL's two-statement settle, which claims nothing
     ],
 )
-def test_append_then_claim__settles_then_claims_in_one_write_fenced(
-    store: Any, shape: str
-) -> None:
+def test_append_then_claim__settles_then_claims_in_one_write_fenced(store: Any, shape: str) -> None:
     """A settle that also claims (ADR 0058) lands whole, then claims the next run as a claim
     would: oldest first, at its next version, under the new holder's lease, with its saved
     request; the rest stay queued. A stale writer's settle of the same shape conflicts and
