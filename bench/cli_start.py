@@ -19,7 +19,9 @@ it set, there is no `__pycache__` and every start compiles the project's ~60 mod
 
 With `--compare PYTHON` (another checkout's interpreter, e.g. main's `.venv/bin/python`) every
 command also runs under that interpreter, interleaved with this one's, and the table adds the
-ratio of the two (the same load for both).
+ratio of the two (the same load for both). Beside each wall time, the median CPU time (user +
+system) of the command's process, which other work on the machine blurs less (a database
+server's own work is not in it).
 
     python bench/cli_start.py                   # 15 of each
     python bench/cli_start.py --repeat 31 --json out.json
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,19 +44,28 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def wall(argv: list[str], env: dict[str, str]) -> float:
+def wall(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds of one run of `argv`, and the CPU seconds (user + system) the process
+    used: a figure that other work on the machine blurs less than the wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
-def medians(variants: list[list[str]], env: dict[str, str], repeat: int) -> list[float]:
-    """The median wall time of each command line, the variants interleaved run by run."""
-    times: list[list[float]] = [[] for _ in variants]
+def medians(
+    variants: list[list[str]], env: dict[str, str], repeat: int
+) -> list[tuple[float, float]]:
+    """The median wall and CPU time of each command line, the variants interleaved run by
+    run."""
+    times: list[list[tuple[float, float]]] = [[] for _ in variants]
     for _ in range(repeat):
         for i, argv in enumerate(variants):
             times[i].append(wall(argv, env))
-    return [statistics.median(t) for t in times]
+    return [(statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for t in times]
 
 
 def small_database(steptrail: list[str], env: dict[str, str], url: str) -> str:
@@ -147,6 +159,8 @@ def main() -> int:
         load = os.getloadavg()
         figures: dict[str, float] = {}
         compared: dict[str, float] = {}
+        cpu: dict[str, float] = {}
+        compared_cpu: dict[str, float] = {}
         for name, argv in cases.items():
             variants = [argv]
             if cfg.compare:
@@ -154,23 +168,29 @@ def main() -> int:
             for variant in variants:  # warm the file cache and write the bytecode
                 subprocess.run(variant, env=env, capture_output=True, check=True)
             found = medians(variants, env, cfg.repeat)
-            figures[name] = found[0]
+            figures[name], cpu[name] = found[0]
             if cfg.compare:
-                compared[name] = found[1]
+                compared[name], compared_cpu[name] = found[1]
     end = os.getloadavg()
     floor = figures["python -c pass"]
     print(
         f"median of {cfg.repeat} starts; load average {load[0]:.2f} at the start, "
         f"{end[0]:.2f} at the end"
     )
-    head = f"{'command':<36} {'seconds':>8} {'- python':>9} {'x python':>9}"
+    head = f"{'command':<36} {'seconds':>8} {'- python':>9} {'x python':>9} {'cpu s':>7}"
     if cfg.compare:
-        head += f" {'compared':>9} {'this/that':>9}"
+        head += f" {'compared':>9} {'this/that':>9} {'cpu that':>8} {'cpu t/t':>8}"
     print(head)
     for name, seconds in figures.items():
-        line = f"{name:<36} {seconds:>8.3f} {seconds - floor:>9.3f} {seconds / floor:>8.1f}x"
+        line = (
+            f"{name:<36} {seconds:>8.3f} {seconds - floor:>9.3f} {seconds / floor:>8.1f}x"
+            f" {cpu[name]:>7.3f}"
+        )
         if cfg.compare:
-            line += f" {compared[name]:>9.3f} {seconds / compared[name]:>8.2f}x"
+            line += (
+                f" {compared[name]:>9.3f} {seconds / compared[name]:>8.2f}x"
+                f" {compared_cpu[name]:>8.3f} {cpu[name] / compared_cpu[name]:>7.2f}x"
+            )
         print(line)
     if out is not None:
         out.write_text(
@@ -179,7 +199,12 @@ def main() -> int:
                     "repeat": cfg.repeat,
                     "loadavg": {"start": load, "end": end},
                     "seconds": figures,
-                    "compared": {"python": cfg.compare, "seconds": compared},
+                    "cpu_seconds": cpu,
+                    "compared": {
+                        "python": cfg.compare,
+                        "seconds": compared,
+                        "cpu_seconds": compared_cpu,
+                    },
                 },
                 indent=2,
             )
