@@ -27,6 +27,18 @@ class ClaimedRun:
 
 
 @dataclass(frozen=True)
+class ClaimRequest:
+    """What a settle asks the store to claim in the same transaction (ADR 0058): up to
+    `limit` queued runs of `agents` for `holder`, under a lease of `lease_ms`, exactly as
+    `RunStore.claim_batch` would."""
+
+    holder: str
+    lease_ms: int
+    agents: tuple[str, ...]
+    limit: int = 1
+
+
+@dataclass(frozen=True)
 class RecordedEvent:
     """One event as the log holds it: its version, the store's time of recording, and itself."""
 
@@ -57,10 +69,22 @@ class RunStore(Protocol):
         """
         ...
 
-    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+    def append(
+        self,
+        run: Run,
+        *,
+        resumable: bytes | None = None,
+        then_claim: ClaimRequest | None = None,
+    ) -> list[ClaimedRun]:
         """Record `run`'s pending events at `run.committed_version + 1 …`, and the journal
         entries of its pending steps (none if the append settles the run: settling deletes
         the run's journal and saved state in the same transaction).
+
+        With `then_claim`, the same transaction then claims runs as `claim_batch` would and
+        returns them (ADR 0058): a settle hands its worker the next run without a round trip
+        of its own. A store may claim fewer than asked, or none (always correct: the worker
+        then claims as usual); it claims nothing when the append does not land. Without
+        `then_claim` it returns an empty list.
 
         Raises:
             VersionConflict: somebody appended first; nothing was written.

@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
-from steptrail.domain.ports import ClaimedRun, RecordedEvent
+from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.reporting_store import PROJECTION
@@ -41,6 +41,7 @@ from steptrail.infrastructure.store_base import (
     REQUEST,
     ClaimsOne,
     after,
+    claimed_event,
     encoded_events,
     journal_from_rows,
     journal_rows,
@@ -64,6 +65,28 @@ RESTORED = "renumber_restored_log_positions"
 _NO_ENTRY = dict.fromkeys(JOURNAL_COLUMNS)  # an append without a journal entry: NULLs
 FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
+# The append queries whose settle may also claim (ADR 0058), and the claim's arguments that
+# steptrail_append_claim takes after the append's.
+APPENDS = ("append", "append_one", "append_two")
+_CLAIM_ARGS = (
+    ", %(c_agents)s::text[], %(c_limit)s::integer, %(c_topic)s::text, %(c_state)s::bytea,"
+    " %(c_holder)s::text, %(c_lease_ms)s::bigint"
+)
+
+
+def with_claim(query: str) -> str:
+    """The append `query` (a call of steptrail_append) as a call of steptrail_append_claim
+    with the same arguments and the claim's after them, returning the claimed rows as the
+    `claim` query does (ADR 0058). Derived, not written out three more times: the append's
+    arguments stay defined in one place."""
+    head, found, call = query.partition("SELECT steptrail_append(")
+    arguments = call.rstrip().removesuffix(";").rstrip()
+    if not found or not arguments.endswith(")"):
+        raise ValueError("not a call of steptrail_append")
+    return (
+        f"{head}SELECT (c.run).*, c.request FROM steptrail_append_claim("
+        f"{arguments.removesuffix(')')}{_CLAIM_ARGS}) AS c ORDER BY (c.run).run_id"
+    )
 
 
 def datastore_from_url(url: str, *, pool_size: int, schema: str = "") -> PostgresDatastore:
@@ -99,7 +122,8 @@ class PostgresRunStore(ClaimsOne):
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
         self.datastore = datastore_from_url(url, pool_size=pool_size)
-        self.q = queries(self.backend)
+        named = queries(self.backend)  # cached and shared: extended in a copy
+        self.q = {**named, **{f"{name}_claim": with_claim(named[name]) for name in APPENDS}}
         self._woken = threading.Event()
         self._listener: threading.Thread | None = None
         self._closed = threading.Event()
@@ -304,21 +328,35 @@ class PostgresRunStore(ClaimsOne):
             run.mark_committed()
         return len(runs)
 
-    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+    def append(
+        self,
+        run: Run,
+        *,
+        resumable: bytes | None = None,
+        then_claim: ClaimRequest | None = None,
+    ) -> list[ClaimedRun]:
         if not run.pending_events:
-            return
+            return []
         name, params = self.append_statement(run, resumable=resumable)
+        claimed: list[ClaimedRun] = []
         with self._connection() as conn:
             if not (run.state.status.is_terminal and keeps_request(run.state)):
-                conn.execute(self.q[name], params, prepare=True)
+                if then_claim is None:
+                    conn.execute(self.q[name], params, prepare=True)
+                else:
+                    params.update(_claim_params(then_claim, prefix="c_"))
+                    rows = conn.execute(self.q[f"{name}_claim"], params, prepare=True)
+                    claimed = _claimed(rows.fetchall())
             else:
                 # A failed settle (rare): the append with drop_saved off, then everything
                 # saved but the request, and the journal, in one transaction. Kept out of
-                # steptrail_append so that its one-round-trip hot path stays as it is.
+                # steptrail_append so that its one-round-trip hot path stays as it is. It
+                # claims nothing: the worker claims for the freed slot as usual.
                 with conn.transaction():
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
+        return claimed
 
     def append_statement(
         self, run: Run, *, resumable: bytes | None = None
@@ -372,15 +410,8 @@ class PostgresRunStore(ClaimsOne):
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
     ) -> list[ClaimedRun]:
-        topic, state = encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
-        params = {
-            "agents": list(agents),
-            "topic": topic,
-            "state": state,
-            "holder": holder,
-            "lease_ms": lease_ms,
-            "limit": limit,
-        }
+        request = ClaimRequest(holder=holder, lease_ms=lease_ms, agents=tuple(agents), limit=limit)
+        params = _claim_params(request, prefix="")
         with self._connection() as conn:
             if conn in self._claim_prepared:
                 rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
@@ -392,15 +423,7 @@ class PostgresRunStore(ClaimsOne):
                 with conn.pipeline():
                     rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
                 self._claim_prepared.add(conn)
-        # updated_at is the claim's now(): the run's age is measured by the store's clock.
-        return [
-            ClaimedRun(
-                run=run_from_row(row),
-                request=bytes(row["request"] or b""),
-                age_s=max(0.0, (row["updated_at"] - row["created_at"]).total_seconds()),
-            )
-            for row in rows
-        ]
+        return _claimed(rows)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -834,3 +857,29 @@ def _index_row(row: DictRow) -> RunRow:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def _claim_params(request: ClaimRequest, *, prefix: str) -> dict[str, Any]:
+    """The `claim` query's parameters (`prefix`ed as steptrail_append_claim's are)."""
+    topic, state = claimed_event(request.holder, request.lease_ms)
+    return {
+        f"{prefix}agents": list(request.agents),
+        f"{prefix}topic": topic,
+        f"{prefix}state": state,
+        f"{prefix}holder": request.holder,
+        f"{prefix}lease_ms": request.lease_ms,
+        f"{prefix}limit": request.limit,
+    }
+
+
+def _claimed(rows: Sequence[DictRow]) -> list[ClaimedRun]:
+    """The runs the `claim` query (or a settle's claim) returned, as the worker takes them.
+    updated_at is the claim's now(): the run's age is measured by the store's clock."""
+    return [
+        ClaimedRun(
+            run=run_from_row(row),
+            request=bytes(row["request"] or b""),
+            age_s=max(0.0, (row["updated_at"] - row["created_at"]).total_seconds()),
+        )
+        for row in rows
+    ]

@@ -29,7 +29,7 @@ from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteD
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
-from steptrail.domain.ports import ClaimedRun, RecordedEvent
+from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
@@ -41,6 +41,7 @@ from steptrail.infrastructure.store_base import (
     RESUMABLE,
     ClaimsOne,
     after,
+    claimed_event,
     encoded_events,
     keeps_request,
     listing_query,
@@ -720,10 +721,16 @@ class SQLiteRunStore(ClaimsOne):
             run.mark_committed()
         return len(runs)
 
-    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+    def append(
+        self,
+        run: Run,
+        *,
+        resumable: bytes | None = None,
+        then_claim: ClaimRequest | None = None,
+    ) -> list[ClaimedRun]:
         pending = run.pending_events
         if not pending:
-            return
+            return []
         # Everything is encoded before the write lock is taken; inside it only SQL runs, and
         # the statements that run with every step bind by position (ADR 0039).
         state = run.state
@@ -775,52 +782,61 @@ class SQLiteRunStore(ClaimsOne):
                 # with its first steps (a one-step run, most of all) has none to drop.
                 if state.steps > sum(type(e) is Run.StepRecorded for e in pending):
                     cur.execute(self.q["drop_journal"], {"run_id": run_hex})
+            # A settle that claims the worker's next run in the same transaction (ADR 0058):
+            # one write-lock turn instead of two. The settled run is claimable only if it
+            # was requeued without a delay (available_at = at), as by any other claim.
+            rows = self._claim_rows(cur, at, then_claim) if then_claim is not None else []
         run.mark_committed()
         if wake:
             self._woken.set()
+        return _claimed(rows, then_claim, at) if then_claim is not None and rows else []
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
     ) -> list[ClaimedRun]:
-        topic, state = encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
+        request = ClaimRequest(holder=holder, lease_ms=lease_ms, agents=tuple(agents), limit=limit)
         with self._write() as (cur, at):
-            rows: list[sqlite3.Row] = []
-            for agent in dict.fromkeys(agents):
-                cur.execute(self.q["claim"], {"agent": agent, "limit": limit, "now": at})
-                rows += cur.fetchall()
-            if len(agents) > 1:  # each agent's batch is in claim order; merge them
-                rows = sorted(rows, key=lambda r: (r["available_at"], r["run_id"]))[:limit]
-            if rows:
-                cur.executemany(
-                    self.q["insert_events"],
-                    [
-                        {
-                            "id": r["run_id"],
-                            "version": r["version"] + 1,
-                            "topic": topic,
-                            "state": state,
-                            "at": at,
-                        }
-                        for r in rows
-                    ],
-                )
-                cur.executemany(
-                    self.q["claim_rows"],
-                    [
-                        {"run_id": r["run_id"], "holder": holder, "lease_ms": lease_ms, "at": at}
-                        for r in rows
-                    ],
-                )
-        claimed = []
-        for row in rows:
-            # The same Claimed fold the SQL just applied, done here outside the write lock.
-            run = run_from_row(row)
-            run.claim(holder=holder, lease_ms=lease_ms)
-            run.mark_committed()
-            age_s = max(0, at - row["created_at"]) / 1_000_000
-            request = bytes(row["request"] or b"")
-            claimed.append(ClaimedRun(run=run, request=request, age_s=age_s))
-        return claimed
+            rows = self._claim_rows(cur, at, request)
+        return _claimed(rows, request, at)
+
+    def _claim_rows(self, cur: sqlite3.Cursor, at: int, request: ClaimRequest) -> list[sqlite3.Row]:
+        """Inside a write transaction: lock nothing more (the database's write lock is held),
+        pick up to `request.limit` runs and write their Claimed events and rows."""
+        agents, limit = request.agents, request.limit
+        rows: list[sqlite3.Row] = []
+        for agent in dict.fromkeys(agents):
+            cur.execute(self.q["claim"], {"agent": agent, "limit": limit, "now": at})
+            rows += cur.fetchall()
+        if len(agents) > 1:  # each agent's batch is in claim order; merge them
+            rows = sorted(rows, key=lambda r: (r["available_at"], r["run_id"]))[:limit]
+        if rows:
+            topic, state = claimed_event(request.holder, request.lease_ms)
+            cur.executemany(
+                self.q["insert_events"],
+                [
+                    {
+                        "id": r["run_id"],
+                        "version": r["version"] + 1,
+                        "topic": topic,
+                        "state": state,
+                        "at": at,
+                    }
+                    for r in rows
+                ],
+            )
+            cur.executemany(
+                self.q["claim_rows"],
+                [
+                    {
+                        "run_id": r["run_id"],
+                        "holder": request.holder,
+                        "lease_ms": request.lease_ms,
+                        "at": at,
+                    }
+                    for r in rows
+                ],
+            )
+        return rows
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -1194,3 +1210,16 @@ def _index_row(row: sqlite3.Row) -> RunRow:
         lease_expires_at=to_datetime(row["lease_expires_at"]),
         available_at=to_datetime(row["available_at"]),
     )
+
+
+def _claimed(rows: Sequence[sqlite3.Row], request: ClaimRequest, at: int) -> list[ClaimedRun]:
+    """The runs `_claim_rows` claimed at `at`, as the worker takes them: the same Claimed
+    fold the SQL applied, done outside the write lock."""
+    claimed = []
+    for row in rows:
+        run = run_from_row(row)
+        run.claim(holder=request.holder, lease_ms=request.lease_ms)
+        run.mark_committed()
+        age_s = max(0, at - row["created_at"]) / 1_000_000
+        claimed.append(ClaimedRun(run=run, request=bytes(row["request"] or b""), age_s=age_s))
+    return claimed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -59,6 +60,14 @@ def run_from_row(row: RowLike) -> Run:
     if isinstance(document, (str, bytes)):
         document = json.loads(document)
     return Run(join_state({k: row[k] for k in COLUMN_FIELDS}, document))
+
+
+@lru_cache(maxsize=64)
+def claimed_event(holder: str, lease_ms: int) -> tuple[str, bytes]:
+    """(topic, state) of the Claimed event a claim by `holder` appends to every run it takes:
+    it does not depend on the run, and a worker claims with one holder and one lease, so it
+    is encoded once per worker rather than once per claim."""
+    return encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
 
 
 class ClaimsOne:

@@ -42,7 +42,7 @@ from steptrail.workers.context import (
 )
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import AgentSpec, App
-from steptrail.workers.segment import LeaseLost, Segment
+from steptrail.workers.segment import LeaseLost, NextClaim, Segment
 from steptrail.workers.store_threads import StoreThreads
 from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry
 
@@ -122,9 +122,12 @@ class Executor:
         *,
         resumable: dict[str, Any] | None = None,
         lease_from: float | None = None,
+        next_claim: NextClaim | None = None,
     ) -> SegmentResult:
         """Run the agent of `run` (held by this process) and settle it. `lease_from` is
         when the write that gave this process the lease was sent (`time.monotonic()`).
+        With `next_claim`, the settle also claims the worker's next run (ADR 0058; a
+        synchronous agent's only: an async one settles as usual).
 
         An async agent runs to its end on a private event loop in this thread; from a thread
         that already runs a loop, await `execute_async` instead.
@@ -138,6 +141,7 @@ class Executor:
         if isinstance(opened, SegmentResult):
             return opened
         segment, ctx = opened
+        segment.next_claim = next_claim
         settled: SegmentResult | None = None
         deactivate = segment.probe.activate()
         try:

@@ -35,13 +35,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from steptrail.domain.enums import Outcome, RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
-from steptrail.domain.ports import RunStore
+from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Checkpoint, Run, RunEvent, RunState
 from steptrail.workers import telemetry
 
@@ -64,6 +64,27 @@ class _Doubt:
 
     state: RunState
     sent: float
+
+
+@dataclass
+class NextClaim:
+    """A worker's request that the segment's settle also claim the worker's next run, in
+    the same transaction (ADR 0058), and what came of it.
+
+    Asked once, by the first append that leaves the run not running: a settle whose reply
+    was lost is retried without a claim (whatever the lost attempt claimed stays leased to
+    this worker until the reaper takes it back, as after any claim whose reply was lost).
+    Not asked once `stop` is set: a stopping worker takes no new run.
+    """
+
+    request: ClaimRequest
+    stop: threading.Event
+    claimed: list[ClaimedRun] = field(default_factory=list)
+    sent: float | None = None  # when the settle that claimed was sent: the leases count from it
+    latency_s: float = 0.0  # how long that settle took, its claim included
+
+    def wanted(self) -> bool:
+        return self.sent is None and not self.stop.is_set()
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,8 @@ class Segment:
             self.log = self.log.bind(trace_id=run.state.trace_id)
         # The segment's observer (ADR 0033); the executor sets it once the segment starts.
         self.probe: telemetry.SegmentProbe = telemetry.NO_SEGMENT
+        # Set by the worker: the settle claims its next run too (ADR 0058).
+        self.next_claim: NextClaim | None = None
 
     @property
     def holder(self) -> str:
@@ -222,8 +245,16 @@ class Segment:
                 # the segment's idea of its lease inside the store's, however long the append
                 # queued on a lock (ADR 0016).
                 sent = self.clock()
+                ask = self.next_claim
                 try:
-                    self.store.append(self.run, resumable=resumable)
+                    if ask is None or self.run.status is RunStatus.RUNNING or not ask.wanted():
+                        self.store.append(self.run, resumable=resumable)
+                    else:
+                        ask.sent = sent
+                        ask.claimed = self.store.append(
+                            self.run, resumable=resumable, then_claim=ask.request
+                        )
+                        ask.latency_s = self.clock() - sent
                 except VersionConflict:
                     # Never a retry of our own write: an attempt that may have landed is
                     # settled by a load before anything is sent again (ADR 0002).

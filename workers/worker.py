@@ -7,6 +7,11 @@ sleeping runs fit in a process); tasks suit agents that await (thousands do), an
 store calls go to a small pool of store threads so the loop never blocks (ADR 0023). An idle
 dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on PostgreSQL, in-process on
 SQLite) or `poll_interval` passes.
+
+A thread whose run settles asks that settle to claim its next run in the same transaction
+(ADR 0058) and runs it at once, keeping its slot: in a steady stream of work a run costs one
+write for its claim and its settle together, and the dispatcher claims only for slots that
+free up empty-handed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import structlog
 
 from steptrail.domain.enums import Outcome, TerminationReason
 from steptrail.domain.errors import CorruptResumableState, StoreUnavailable, VersionConflict
-from steptrail.domain.ports import ClaimedRun, RunStore
+from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
 from steptrail.workers.execute import (
     ExecutionConfig,
@@ -37,6 +42,7 @@ from steptrail.workers.execute import (
 from steptrail.workers.holders import holder_name as holder_name  # noqa: PLC0414 - its old home
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.registry import App
+from steptrail.workers.segment import NextClaim
 from steptrail.workers.store_threads import DEFAULT_STORE_THREADS, StoreThreads
 from steptrail.workers.telemetry import NO_TELEMETRY, Telemetry
 
@@ -94,6 +100,7 @@ class Worker:
         self._loop = loop
         self._own_loop: threading.Thread | None = None
         self._threads = StoreThreads(store_threads or DEFAULT_STORE_THREADS)
+        self._chain: ClaimRequest | None = None  # what a settle claims next (set by `run`)
 
     def stop(self) -> None:
         """Stop claiming; runs in flight finish (a second signal may kill the process, and
@@ -116,6 +123,7 @@ class Worker:
         )
         agents = self.app.agent_names
         lease_ms = round(self.config.lease_s * 1000)
+        self._chain = ClaimRequest(holder=self.holder, lease_ms=lease_ms, agents=tuple(agents))
         self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
         backoff = 0.1
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="steptrail-run") as pool:
@@ -153,12 +161,7 @@ class Worker:
                     self._in_flight += len(claimed)
                     self.report.claimed += len(claimed)
                 for item in claimed:
-                    if self.app.get(item.run.state.agent).is_async:
-                        asyncio.run_coroutine_threadsafe(
-                            self._execute_async(executor, item, sent), self._async_loop()
-                        )
-                    else:
-                        pool.submit(self._execute, executor, item, sent)
+                    self._start(pool, executor, item, sent)
             # Stopping: wait for every run in flight, threads and tasks alike, so a graceful
             # stop finishes them all before the loop and the store threads go away.
             with self._slot_freed:
@@ -187,7 +190,53 @@ class Worker:
             return SegmentResult(run.id, Outcome.LEASE_LOST, run.status, run.committed_version)
         return SegmentResult(run.id, Outcome.FAILED, run.status, run.version)
 
-    def _execute(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
+    def _start(
+        self, pool: ThreadPoolExecutor, executor: Executor, item: ClaimedRun, sent: float
+    ) -> None:
+        """Hand a claimed run (its slot already counted) to a thread or to the event loop."""
+        if self.app.get(item.run.state.agent).is_async:
+            asyncio.run_coroutine_threadsafe(
+                self._execute_async(executor, item, sent), self._async_loop()
+            )
+        else:
+            pool.submit(self._execute, pool, executor, item, sent)
+
+    def _execute(
+        self, pool: ThreadPoolExecutor, executor: Executor, claimed: ClaimedRun, sent: float
+    ) -> None:
+        """Run `claimed`, then each run its settle claimed next, in this thread and slot."""
+        item: ClaimedRun | None = claimed
+        handed_on = False  # the slot went with an async run to the event loop
+        try:
+            while item is not None:
+                chain = NextClaim(self._chain, self.stopping) if self._chain is not None else None
+                self._execute_one(executor, item, sent, chain)
+                if chain is None or not chain.claimed or chain.sent is None:
+                    break
+                # The settle's claim is the worker's claim: counted, logged and timed alike.
+                self.telemetry.claimed(chain.claimed, chain.latency_s)
+                with self._slot_freed:
+                    self._in_flight += len(chain.claimed) - 1  # the first takes this slot
+                    self.report.claimed += len(chain.claimed)
+                item, *more = chain.claimed
+                sent = chain.sent
+                for other in more:  # a store that claimed more than asked: each its own slot
+                    self._start(pool, executor, other, sent)
+                if self.app.get(item.run.state.agent).is_async:
+                    self._start(pool, executor, item, sent)
+                    handed_on = True
+                    return
+        # A bug in the chaining itself (`_execute_one` catches the rest): runs claimed and not
+        # started keep their leases until they expire, and the reaper takes them back.
+        except Exception:  # noqa: BLE001
+            self._crashed(self.log)
+        finally:
+            if not handed_on:
+                self._free_slot()
+
+    def _execute_one(
+        self, executor: Executor, claimed: ClaimedRun, sent: float, chain: NextClaim | None
+    ) -> None:
         log = self._claimed(claimed)
         run = claimed.run
         try:
@@ -197,13 +246,13 @@ class Worker:
             except CorruptResumableState as error:
                 result = self._refuse(run, error)
             else:
-                result = executor.execute(run, request, resumable=resumable, lease_from=sent)
+                result = executor.execute(
+                    run, request, resumable=resumable, lease_from=sent, next_claim=chain
+                )
             self._finished(log, result)
         # A bug in steptrail or a callback (logged by `_crashed`); the run's lease will expire.
         except Exception:  # noqa: BLE001
             self._crashed(log)
-        finally:
-            self._free_slot()
 
     async def _execute_async(self, executor: Executor, claimed: ClaimedRun, sent: float) -> None:
         log = self._claimed(claimed)

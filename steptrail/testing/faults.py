@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from steptrail.domain.classifier import ClassifiedError
 from steptrail.domain.enums import FailureClass
 from steptrail.domain.errors import IllegalTransition, VersionConflict
-from steptrail.domain.ports import RunStore
+from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
 from steptrail.workers.context import LiveStep, Recorded, RunContext
 
@@ -94,10 +94,12 @@ class FusedStore:
         self._store = store
         self._fuse = fuse
 
-    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+    def append(
+        self, run: Run, *, resumable: bytes | None = None, then_claim: ClaimRequest | None = None
+    ) -> list[ClaimedRun]:
         if self._fuse.blown is not None:
             raise self._fuse.blown
-        self._store.append(run, resumable=resumable)
+        return self._store.append(run, resumable=resumable, then_claim=then_claim)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

@@ -33,7 +33,7 @@ from steptrail.domain.journal import (
     StepCall,
     fingerprint,
 )
-from steptrail.domain.ports import RunStore
+from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import DECISION_STEP, Run, RunState
 from steptrail.render import event_dict
 from steptrail.runtime import Runtime
@@ -102,7 +102,9 @@ class _WouldWrite(BaseException):
 
 
 class _ReadOnlyStore:
-    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+    def append(
+        self, run: Run, *, resumable: bytes | None = None, then_claim: ClaimRequest | None = None
+    ) -> list[ClaimedRun]:
         raise _WouldWrite(f"replay check tried to append to run {run.id}")
 
     def __getattr__(self, name: str) -> Any:

@@ -368,3 +368,30 @@ def test_history__a_page_reads_that_range(runtime: Runtime, long_run: UUID) -> N
     assert runtime.history(long_run, first=7, limit=3) == whole[6:9]
     assert runtime.history(long_run, first=len(whole) + 1, limit=3) == []
     assert runtime.history(long_run, first=len(whole) - 1) == whole[-2:]
+
+
+def test_reason_counts__a_bulk_delete_updates_each_count_once(pg_url: str) -> None:
+    """Deleting many summaries in one statement (a rebuild's clear, a purge batch) updates
+    each (status, reason) count row once, not once per summary: every update of one row in
+    one transaction leaves a version the next must walk past, which made a million-run
+    `rebuild reporting` quadratic (ADR 0059). Counted by the server for this transaction."""
+    import psycopg
+
+    rt = make_runtime(pg_url)
+    try:
+        mixed_history(rt)
+        expected = recount(rt)
+        assert sum(expected.values()) > len(expected)  # several summaries per count row
+    finally:
+        rt.close()
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("DELETE FROM steptrail_view_run_summaries")
+        row = conn.execute(
+            "SELECT n_tup_upd FROM pg_stat_xact_user_tables"
+            " WHERE relname = 'steptrail_view_reason_counts'"
+        ).fetchone()
+        assert row is not None
+        assert row[0] == len(expected)
+        left = conn.execute("SELECT sum(count) FROM steptrail_view_reason_counts").fetchone()
+        assert left == (0,)
+        conn.rollback()

@@ -166,10 +166,14 @@ def test_write_turn__an_error_in_the_body_rolls_back_and_goes_on_unchanged(
     store.migrate()
     run = _claimed(store)
     boom = RuntimeError("boom")
-    with pytest.raises(RuntimeError) as raised:
+
+    def delete_then_fail() -> None:
         with store._write() as (cur, _):
             cur.execute("DELETE FROM steptrail_runs WHERE run_id = ?", (run.id.hex,))
             raise boom
+
+    with pytest.raises(RuntimeError) as raised:
+        delete_then_fail()
     assert raised.value is boom
     assert store.row(run.id) is not None
     assert _turn_is_free(store)

@@ -11,6 +11,7 @@ import pytest
 from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import VersionConflict
 from steptrail.domain.journal import JournalEntry, StepCall
+from steptrail.domain.ports import ClaimRequest
 from steptrail.domain.run import Run, fold
 from steptrail.projections.run_index import normalise, rebuild_row
 
@@ -375,3 +376,90 @@ def test_append__every_shape_lands_whole_and_fenced(store: Any, shape: str) -> N
     ]
     assert [e.seq for e in store.journal(run.id)] == journal
     assert store.load(run.id).state == run.state
+
+
+NEXT = ClaimRequest(holder="w2", lease_ms=60_000, agents=("a",), limit=1)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "complete",  # one event (PostgreSQL: append_one_claim)
+        "step_and_complete",  # two events (append_two_claim)
+        "steps_and_complete",  # three events (append_claim)
+        "requeue",  # back on the queue with a backoff: not claimable by its own settle
+        "requeue_now",  # without one
+        "fail",  # keeps its request: PostgreSQL's two-statement settle, which claims nothing
+    ],
+)
+def test_append_then_claim__settles_then_claims_in_one_write_fenced(store: Any, shape: str) -> None:
+    """A settle that also claims (ADR 0058) lands whole, then claims the next run as a claim
+    would: oldest first, at its next version, under the new holder's lease, with its saved
+    request; the rest stay queued. A stale writer's settle of the same shape conflicts and
+    claims nothing: the claim never outlives its append's fence."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    zombie = store.load(run.id)
+    _step(run, "s1")
+    store.append(run)
+    first, second = queued(store, body=b'{"n": 1}'), queued(store, body=b'{"n": 2}')
+    commands = {
+        "complete": lambda r: r.complete(result={"ok": True}),
+        "step_and_complete": lambda r: (_step(r, "s2"), r.complete(result={"ok": True})),
+        "steps_and_complete": lambda r: (
+            _step(r, "s2"),
+            _step(r, "s3"),
+            r.complete(result={"ok": True}),
+        ),
+        "requeue": lambda r: r.requeue(
+            delay_ms=60_000, failure_class=FailureClass.SERVER_ERROR, error_type="E"
+        ),
+        "requeue_now": lambda r: r.requeue(
+            delay_ms=0, failure_class=FailureClass.SERVER_ERROR, error_type="E"
+        ),
+        "fail": lambda r: r.fail(reason=TerminationReason.NOT_RETRYABLE),
+    }
+
+    commands[shape](zombie)
+    with pytest.raises(VersionConflict):
+        store.append(zombie, then_claim=NEXT)
+    for other in (first, second):
+        assert store.load(other.id).status is RunStatus.QUEUED
+        assert len(store.history(other.id)) == 1
+
+    commands[shape](run)
+    claimed = store.append(run, then_claim=NEXT)
+
+    assert store.load(run.id).state == run.state
+    assert store.request(first.id) == b'{"n": 1}'
+    if shape == "fail" and not claimed:  # allowed: the worker then claims as usual
+        assert store.load(first.id).status is RunStatus.QUEUED
+        return
+    assert [c.run.id for c in claimed] == [first.id]
+    got = claimed[0]
+    assert got.request == b'{"n": 1}'
+    assert got.run.status is RunStatus.RUNNING
+    assert got.run.state.holder == "w2"
+    assert got.run.version == got.run.committed_version == 2
+    assert got.run.state.claim_version == 2
+    assert store.load(first.id).state == got.run.state
+    history = store.history(first.id)
+    assert [type(h.event) for h in history] == [Run.Queued, Run.Claimed]
+    rebuilt = rebuild_row((h.event, h.recorded_at) for h in history)
+    assert rebuilt is not None
+    assert normalise(rebuilt) == normalise(store.row(first.id))
+    assert store.load(second.id).status is RunStatus.QUEUED
+
+
+def test_append_then_claim__nothing_to_claim_and_other_agents(store: Any) -> None:
+    """With nothing claimable (an empty queue, or only other agents' runs) the settle still
+    lands and claims nothing; a plain append returns nothing to claim either."""
+    queued(store)
+    run = store.claim(holder="w", lease_ms=60_000, agents=AGENTS).run
+    _step(run, "s1")
+    assert store.append(run) == []
+    other = queued(store, agent="b")
+    run.complete(result={})
+    assert store.append(run, then_claim=NEXT) == []
+    assert store.load(run.id).status is RunStatus.COMPLETED
+    assert store.load(other.id).status is RunStatus.QUEUED

@@ -14,6 +14,7 @@ import pytest
 from steptrail import App, RunContext
 from steptrail.domain.enums import Outcome, RunStatus, Segment, TerminationReason
 from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.ports import ClaimedRun, ClaimRequest
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from tests.conftest import make_runtime
@@ -256,19 +257,24 @@ class FlakyStore:
         self.inner = inner
         self.mode = "ok"
 
-    def append(self, run: Run, *, resumable: bytes | None = None) -> None:
+    def append(
+        self, run: Run, *, resumable: bytes | None = None, then_claim: ClaimRequest | None = None
+    ) -> list[ClaimedRun]:
         if self.mode == "down":
             raise StoreUnavailable("connection refused")
         if self.mode == "lost-ack":
-            self.inner.append(run, resumable=resumable)
+            self.inner.append(run, resumable=resumable, then_claim=then_claim)
             self.mode = "ok"
             raise StoreUnavailable("server closed the connection unexpectedly")
         if self.mode == "lost-ack-then-load-fails":
             # Committed, but the caller's run is left as a lost reply leaves it: pending.
-            self.inner.append(copy.deepcopy(run), resumable=resumable)
+            self.inner.append(copy.deepcopy(run), resumable=resumable, then_claim=then_claim)
             self.mode = "load-fails-once"
             raise StoreUnavailable("server closed the connection unexpectedly")
-        self.inner.append(run, resumable=resumable)
+        claimed: list[ClaimedRun] = self.inner.append(
+            run, resumable=resumable, then_claim=then_claim
+        )
+        return claimed
 
     def load(self, run_id: UUID) -> Run | None:
         if self.mode == "down":

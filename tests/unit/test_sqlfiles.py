@@ -86,3 +86,21 @@ def test_parse__keeps_bodies_without_trailing_semicolon() -> None:
         "a": "-- why\nSELECT 1",
         "b": "SELECT 2",
     }
+
+
+def test_with_claim__each_append_query_becomes_its_claiming_call() -> None:
+    """The claiming settles (ADR 0058) are the append queries with the claim's arguments
+    appended: every argument of the append is kept, in order, and anything that is not a
+    call of steptrail_append is refused rather than rewritten."""
+    from steptrail.infrastructure.postgres import APPENDS, with_claim
+
+    named = queries("postgres")
+    for name in APPENDS:
+        derived = with_claim(named[name])
+        head, _, call = derived.partition("steptrail_append_claim(")
+        assert head.strip().endswith("SELECT (c.run).*, c.request FROM")
+        original = named[name].partition("steptrail_append(")[2].rstrip().removesuffix(";")
+        assert call.startswith(original.removesuffix(")"))
+        assert call.endswith("%(c_lease_ms)s::bigint) AS c ORDER BY (c.run).run_id")
+    with pytest.raises(ValueError, match="steptrail_append"):
+        with_claim(named["claim"])
