@@ -300,7 +300,7 @@ class Run:
             # A write tool's marker is cleared only by its own successful result: a write that
             # raised may or may not have happened, so its marker must stay (ADR 0002).
             pending = s.pending_effects
-            if self.error_type is None:
+            if pending and self.error_type is None:
                 pending = tuple(
                     p
                     for p in pending
@@ -708,7 +708,8 @@ class Run:
                 kind=kind,
                 name=name,
                 duration_ms=max(0, duration_ms),
-                payload=dict(payload or {}),
+                # The event validates the mapping into a dict of its own: no copy first.
+                payload=payload or {},
                 privacy=privacy,
                 error_type=error_type,
                 tokens=tokens,

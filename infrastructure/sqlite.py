@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qs, quote, urlsplit
 from uuid import UUID, uuid4
 
@@ -342,6 +342,92 @@ def journal_from_cells(cells: Iterable[bytes | str]) -> list[JournalEntry]:
     return sorted(entries, key=lambda e: e.seq)
 
 
+def _store_error(error: sqlite3.Error | PersistenceError) -> Exception:
+    """What a write that failed with `error` raises: a conflict for the fence (the events'
+    unique key, or the deferred foreign key of a purged run), unavailable for a database
+    that could not be written (busy, locked, gone), else the error itself."""
+    if isinstance(error, sqlite3.IntegrityError):
+        if "steptrail_events" in str(error):
+            return VersionConflict("somebody appended to the run first")
+        if "FOREIGN KEY" in str(error):
+            return VersionConflict("the run no longer exists (purged)")
+        return error
+    if isinstance(error, (sqlite3.OperationalError, PersistenceError)):
+        return StoreUnavailable(str(error))
+    return error
+
+
+def _raise_store_error(error: sqlite3.Error | PersistenceError) -> NoReturn:
+    """Raise what `_store_error` makes of `error` (from it), or `error` itself."""
+    translated = _store_error(error)
+    if translated is error:
+        raise error
+    raise translated from error
+
+
+class _FileWrite:
+    """One write transaction on a file database (`SQLiteRunStore._write`): the turn of this
+    process (the store's mutex), then of this database (the flock handover), then `BEGIN
+    IMMEDIATE` on the store's writer connection, and the store's clock read inside all three.
+    Leaving commits, or rolls back if the body raised; either way the turn passes on, in the
+    reverse order, and a database error becomes what `_store_error` says."""
+
+    __slots__ = ("_cur", "_handover", "_store")
+
+    def __init__(self, store: SQLiteRunStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> tuple[sqlite3.Cursor, int]:
+        store = self._store
+        handover = store._handover_lock()
+        if not store._writer_mutex.acquire(timeout=BUSY_TIMEOUT_SECONDS):
+            raise StoreUnavailable(
+                f"no turn to write to {store.path} within {BUSY_TIMEOUT_SECONDS} s"
+            )
+        try:
+            handover.acquire()
+            try:
+                cur = store._writer or store._open_writer()
+                cur.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                handover.release()
+                raise
+        except (sqlite3.Error, PersistenceError) as e:
+            store._writer_mutex.release()
+            _raise_store_error(e)
+        except BaseException:
+            store._writer_mutex.release()
+            raise
+        self._handover = handover
+        self._cur = cur
+        return cur, store.now_us()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: object
+    ) -> None:
+        cur = self._cur
+        try:
+            if error is None:
+                try:
+                    cur.execute("COMMIT")
+                except BaseException:
+                    with suppress(sqlite3.Error):
+                        cur.connection.rollback()
+                    raise
+            else:
+                with suppress(sqlite3.Error):
+                    cur.connection.rollback()
+        except (sqlite3.Error, PersistenceError) as e:  # the COMMIT's (a deferred key)
+            _raise_store_error(e)
+        finally:
+            self._handover.release()
+            self._store._writer_mutex.release()
+        if isinstance(error, (sqlite3.Error, PersistenceError)):
+            translated = _store_error(error)
+            if translated is not error:  # else the body's error goes on as it is
+                raise translated from error
+
+
 class SQLiteRunStore(ClaimsOne):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 
@@ -395,8 +481,7 @@ class SQLiteRunStore(ClaimsOne):
         """The store's clock: the host's, plus the testing kit's skipped time (if any)."""
         return now_us() + self.clock_offset_us
 
-    @contextmanager
-    def _write(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
+    def _write(self) -> AbstractContextManager[tuple[sqlite3.Cursor, int]]:
         """A cursor in an IMMEDIATE transaction, and the store's clock read inside it.
 
         Writers of this process take turns on one writer connection (a file database) or on
@@ -404,53 +489,33 @@ class SQLiteRunStore(ClaimsOne):
         writes). Writers of other processes take turns on an flock of a file beside the
         database first: a waiting process sleeps in the kernel and wakes the moment the lock
         is free, where SQLite's own busy handler would poll with sleeps of 1 to 100 ms.
-        Written out in one generator: every step's append comes through here (ADR 0039).
+        A file database's turn is a plain context manager class (`_FileWrite`): every step's
+        append comes through here, and a generator's context manager cost more than the
+        turn's mutex (ADR 0039, ADR 0055).
         """
+        if self.path is None:
+            return self._write_pooled()
+        return _FileWrite(self)
+
+    @contextmanager
+    def _write_pooled(self) -> Iterator[tuple[sqlite3.Cursor, int]]:
+        """`_write` for an in-memory database: the pool's writer lock is the turn."""
         try:
-            if self.path is None:
-                with (
-                    self.datastore.get_connection(commit=True) as pooled,
-                    pooled.cursor() as cur,
-                ):
-                    _configure(pooled, cur)
-                    cur.execute("BEGIN IMMEDIATE")
-                    try:
-                        yield cur, self.now_us()
-                        cur.execute("COMMIT")
-                    except BaseException:
-                        with suppress(sqlite3.Error):
-                            cur.connection.rollback()
-                        raise
-                return
-            handover = self._handover_lock()
-            if not self._writer_mutex.acquire(timeout=BUSY_TIMEOUT_SECONDS):
-                raise StoreUnavailable(
-                    f"no turn to write to {self.path} within {BUSY_TIMEOUT_SECONDS} s"
-                )
-            try:
-                handover.acquire()
+            with (
+                self.datastore.get_connection(commit=True) as pooled,
+                pooled.cursor() as cur,
+            ):
+                _configure(pooled, cur)
+                cur.execute("BEGIN IMMEDIATE")
                 try:
-                    cur = self._writer or self._open_writer()
-                    cur.execute("BEGIN IMMEDIATE")
-                    try:
-                        yield cur, self.now_us()
-                        cur.execute("COMMIT")
-                    except BaseException:
-                        with suppress(sqlite3.Error):
-                            cur.connection.rollback()
-                        raise
-                finally:
-                    handover.release()
-            finally:
-                self._writer_mutex.release()
-        except sqlite3.IntegrityError as e:
-            if "steptrail_events" in str(e):
-                raise VersionConflict("somebody appended to the run first") from e
-            if "FOREIGN KEY" in str(e):
-                raise VersionConflict("the run no longer exists (purged)") from e
-            raise
-        except (sqlite3.OperationalError, PersistenceError) as e:
-            raise StoreUnavailable(str(e)) from e
+                    yield cur, self.now_us()
+                    cur.execute("COMMIT")
+                except BaseException:
+                    with suppress(sqlite3.Error):
+                        cur.connection.rollback()
+                    raise
+        except (sqlite3.Error, PersistenceError) as e:
+            _raise_store_error(e)
 
     def _open_writer(self) -> sqlite3.Cursor:
         """Open this store's writer connection (a file database); the caller holds
@@ -667,7 +732,7 @@ class SQLiteRunStore(ClaimsOne):
         state = run.state
         run_hex = run.id.hex
         first = run.committed_version + 1
-        drop, _ = side_effects(state)
+        drop, wake = side_effects(state)
         lean = state.status is RunStatus.RUNNING and document_only(pending)
         doc = document_json(state)
         params: dict[str, Any] | None = None
@@ -718,7 +783,8 @@ class SQLiteRunStore(ClaimsOne):
             # was requeued without a delay (available_at = at), as by any other claim.
             rows = self._claim_rows(cur, at, then_claim) if then_claim is not None else []
         run.mark_committed()
-        self._wake_if_queued(run)
+        if wake:
+            self._woken.set()
         return _claimed(rows, then_claim, at) if then_claim is not None and rows else []
 
     def claim_batch(

@@ -8,10 +8,10 @@ store calls go to a small pool of store threads so the loop never blocks (ADR 00
 dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on PostgreSQL, in-process on
 SQLite) or `poll_interval` passes.
 
-A thread whose run settles asks that settle to claim its next run in the same transaction
-(ADR 0058) and runs it at once, keeping its slot: in a steady stream of work a run costs one
-write for its claim and its settle together, and the dispatcher claims only for slots that
-free up empty-handed.
+A worker of one slot asks each settle to claim its next run in the same transaction (ADR
+0058) and runs it at once: in a steady stream of work a run costs one write for its claim and
+its settle together, and the dispatcher claims only when a settle found nothing. With more
+slots the dispatcher claims for the slots that free up together, in one statement.
 """
 
 from __future__ import annotations
@@ -123,7 +123,11 @@ class Worker:
         )
         agents = self.app.agent_names
         lease_ms = round(self.config.lease_s * 1000)
-        self._chain = ClaimRequest(holder=self.holder, lease_ms=lease_ms, agents=tuple(agents))
+        # Only a worker of one slot chains its claims to its settles (ADR 0058): with more,
+        # the dispatcher claims for the slots that free up together in one statement, and
+        # a claim per settle would cost the server more than the round trips it saves.
+        if self.concurrency == 1:
+            self._chain = ClaimRequest(holder=self.holder, lease_ms=lease_ms, agents=tuple(agents))
         self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
         backoff = 0.1
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="steptrail-run") as pool:

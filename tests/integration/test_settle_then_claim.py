@@ -86,6 +86,19 @@ def test_chain__a_stream_of_runs_is_claimed_by_the_settles(runtime: Runtime) -> 
         assert [c.actor for c in claims] == [report.holder]
 
 
+def test_chain__only_a_worker_of_one_slot_chains(runtime: Runtime) -> None:
+    """With more slots the dispatcher claims for every slot (several at once when several
+    free up), and no settle claims: a claim per settle would cost the server more than the
+    round trips it saves (ADR 0058)."""
+    store = watched(runtime)
+    for _ in range(6):
+        runtime.enqueue("scripted", {"steps": 1})
+    report = runtime.work(concurrency=2, burst=True)
+    assert report.outcomes["completed"] == 6
+    assert store.chained == []
+    assert store.claims >= 2
+
+
 def test_chain__a_stopping_worker_claims_nothing_more(db_url: str) -> None:
     """Once the worker is asked to stop, the run in flight settles without claiming: the
     runs behind it stay queued, untouched, for another worker."""
