@@ -95,8 +95,15 @@ def _pg_fill(conn: psycopg.Connection[Any], state: str) -> None:
     insert("a", "queued", BACKLOG)
     insert("a", "running", RUNNING)
     insert("a", "running", EXPIRED, lease_s=-60)
+    # Every unfinished run keeps its request, as in a live database: the claim reads the
+    # claimed runs' requests, and must find each by its key whatever the table holds.
+    conn.execute(
+        "INSERT INTO steptrail_saved (run_id, kind, body) SELECT run_id, 'request', '{}'"
+        " FROM steptrail_runs WHERE status IN ('queued', 'running')"
+    )
     if state == "analysed_backlog":
         conn.execute("ANALYZE steptrail_runs")
+        conn.execute("ANALYZE steptrail_saved")
 
 
 def _plans(conn: psycopg.Connection[Any], run: Any) -> list[dict[str, Any]]:
@@ -211,9 +218,19 @@ def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str
     assert _read(walks[0]) <= LIMIT  # not the backlog, nor the other agent's runs ahead
     assert _buffers(walks[0]) <= 4 * LIMIT + 20
     assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") for n in _nodes(inner))
-    # The writes find the picked runs by key, never by scanning.
+    # The writes find the picked runs by key, never by scanning: each lookup has its key as
+    # its condition and, over all its loops, reads the batch (a hash join over the whole
+    # run index would read every run through the key index; ADR 0060).
     assert by_key
     assert all(n["Node Type"] == "Index Scan" for n in by_key)
+    assert all("Index Cond" in n and _read(n) <= LIMIT for n in by_key), by_key
+    # No join hashes or merges a whole table: the requests are read by key too, and a plan
+    # made once for any LIMIT (ADR 0060) must not trade the lookups for a scan of every row.
+    joins = {n["Node Type"] for n in _nodes(inner)} & {"Hash", "Hash Join", "Merge Join"}
+    assert not joins, joins
+    saved = [n for n in _nodes(inner) if n.get("Relation Name") == "steptrail_saved"]
+    assert saved
+    assert all("Index Cond" in n and _read(n) <= LIMIT for n in saved), saved
 
 
 @pytest.mark.parametrize("state", STATEMENTS)
