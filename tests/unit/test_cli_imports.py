@@ -198,9 +198,14 @@ NOT_FOR_A_READ = (
 @pytest.fixture(scope="module")
 def small_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """A SQLite database with one finished two-step run: its URL and the run's id."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('start') / 'small.db'}"
+    return url, _one_finished_run(url)
+
+
+def _one_finished_run(url: str) -> str:
+    """Run one two-step run to its end on `url`; its id."""
     from tests.conftest import make_runtime
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('start') / 'small.db'}"
     rt = make_runtime(url)
     try:
         run_id = rt.enqueue("scripted", {"steps": 2})
@@ -208,7 +213,7 @@ def small_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         assert rt.get(run_id).status.value == "completed"
     finally:
         rt.close()
-    return url, str(run_id)
+    return str(run_id)
 
 
 @pytest.mark.parametrize(
@@ -300,16 +305,7 @@ NOT_FOR_A_PG_COMMAND = (
 def small_pg_db(pg_database: str) -> tuple[str, str]:
     """The session's PostgreSQL database with one finished two-step run: its URL and the
     run's id."""
-    from tests.conftest import make_runtime
-
-    rt = make_runtime(pg_database)
-    try:
-        run_id = rt.enqueue("scripted", {"steps": 2})
-        rt.work(burst=True)
-        assert rt.get(run_id).status.value == "completed"
-    finally:
-        rt.close()
-    return pg_database, str(run_id)
+    return pg_database, _one_finished_run(pg_database)
 
 
 @pytest.mark.parametrize(
