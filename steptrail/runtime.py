@@ -152,6 +152,11 @@ class Runtime:
             return self._metrics.made()
         return self._metrics
 
+    def prepare_observers(self) -> None:
+        """Make the metrics and the tracer now rather than on their first use (ADR 0051
+        defers them, and their imports, for commands that never run anything)."""
+        self.telemetry.prepare()
+
     @property
     def backend(self) -> str:
         return self.store.backend

@@ -130,6 +130,10 @@ class Telemetry:
         """A segment of `run` starts in this process, on this thread, under its lease."""
         return NO_SEGMENT
 
+    def prepare(self) -> None:
+        """Make now whatever this observer would make on first use (imports included), so
+        that a process can do it before it arms its signal handlers."""
+
 
 NO_TELEMETRY = Telemetry()
 
@@ -154,6 +158,10 @@ class Fanout(Telemetry):
         if not live:
             return NO_SEGMENT
         return live[0] if len(live) == 1 else _FanoutSegment(live)
+
+    def prepare(self) -> None:
+        for member in self.members:
+            member.prepare()
 
 
 T = TypeVar("T", bound=Telemetry)
@@ -183,6 +191,9 @@ class Deferred(Telemetry, Generic[T]):
                 if self._made is None:
                     self._made = self._make()
         return self._made
+
+    def prepare(self) -> None:
+        self.made().prepare()
 
     def run_created(self, *, agent: str, run_id: UUID, how: str) -> CreationProbe:
         if "run_created" not in self._hooks:

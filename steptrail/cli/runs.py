@@ -287,11 +287,12 @@ def work(
     with runtime(ctx, serving=True) as rt:
         server = _serve_worker_metrics(rt, metrics_port, metrics_addr)
         worker = rt.worker(concurrency=concurrency, burst=burst)
-        # The worker's metrics are made on their first use, which imports prometheus_client
-        # in the dispatcher (the main thread). Made here, before the handlers are armed: a
-        # SIGTERM landing inside that import broke CPython's module lock (KeyError) and the
-        # worker exited 1 instead of finishing its runs (seen once in CI).
-        _ = rt.metrics
+        # The worker's metrics and tracer are made on their first use, which imports
+        # prometheus_client and OpenTelemetry in the dispatcher (the main thread). Made here,
+        # before the handlers are armed: a SIGTERM landing inside such an import broke
+        # CPython's module lock (KeyError) and the worker exited 1 instead of finishing its
+        # runs (seen once in CI).
+        rt.prepare_observers()
         stop_on_signals(worker.stop, "stopping: finishing runs in flight")
         stop_views = threading.Event()
         projector = threading.Thread(

@@ -463,6 +463,53 @@ def test_a_deferred_observer_is_made_once_on_its_first_hook() -> None:
         Deferred(make, ["segment_started", "run_started"])
 
 
+def test_preparing_the_observers_makes_the_deferred_ones_and_their_imports_now(
+    tmp_path: Path,
+) -> None:
+    """`work` makes its metrics and its tracer before it arms its signal handlers, so that no
+    SIGTERM lands inside their first-use imports (a broken module lock exited the worker 1):
+    a runtime opened without them has neither module, and has both once prepared."""
+    url = f"sqlite:///{tmp_path / 'prepared.db'}"
+    code = (
+        "from steptrail import open_runtime\n"
+        f"rt = open_runtime(url={url!r})\n"
+        "watched = ('prometheus_client', 'steptrail.tracing')\n"
+        "before = sorted(m for m in watched if m in sys.modules)\n"
+        "rt.prepare_observers()\n"
+        "print(json.dumps(before))\n"
+        "rt.close()\n"
+    )
+    watch = ("prometheus_client", "steptrail.tracing")
+    done = subprocess.run(
+        [sys.executable, "-c", "import json, sys\n" + code + report(watch)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "STEPTRAIL_TRACING": "auto"},
+    )
+    before, after = done.stdout.strip().splitlines()[-2:]
+    assert json.loads(before) == []
+    assert {"prometheus_client", "steptrail.tracing"} <= set(json.loads(after))
+
+
+def test_preparing_a_fanout_prepares_each_member_once() -> None:
+    from steptrail.workers.telemetry import Deferred, Telemetry, compose
+
+    made: list[str] = []
+
+    def maker(name: str) -> Telemetry:
+        made.append(name)
+        return Telemetry()
+
+    first = Deferred(lambda: maker("first"), ["claimed"])
+    second = Deferred(lambda: maker("second"), ["segment_started"])
+    observers = compose(first, second, Telemetry())
+    observers.prepare()
+    observers.prepare()
+    assert made == ["first", "second"]
+
+
 def test_a_runtimes_metrics_are_one_object_made_when_asked(tmp_path: Path) -> None:
     from steptrail.worker_metrics import WorkerMetrics
     from tests.conftest import make_runtime
