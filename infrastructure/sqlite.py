@@ -69,6 +69,12 @@ BUSY_TIMEOUT_SECONDS = 30
 # stopped process holding the turn must not freeze every writer with it (ADR 0016).
 HANDOVER_TIMEOUT_SECONDS = 5.0
 STATEMENT_CACHE = 64  # prepared statements kept per connection
+# The WAL is checkpointed by a thread of the store's own, outside every write turn (ADR 0061):
+# the writer wakes it every CHECKPOINT_EVERY commits (a step append writes ~5 WAL frames, so
+# about SQLite's default 1,000 frames). The writer connection still checkpoints by itself past
+# WRITER_AUTOCHECKPOINT frames, the backstop when that thread is behind or gone.
+CHECKPOINT_EVERY = 200
+WRITER_AUTOCHECKPOINT = 4000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Idle workers of this process sleep on one event per database file; enqueuers set it. Workers
@@ -252,6 +258,66 @@ class _Handover:
             self._cond.notify()
 
 
+class _Checkpointer:
+    """Checkpoints a file database's WAL from a thread of its own (ADR 0061).
+
+    SQLite checkpoints on the connection that commits, inside that commit: with the default
+    threshold one step append in 200 stalled for milliseconds, in the write turn, holding up
+    every writer of every process (17 to 18 % of a step-append loop, ADR 0055). Here the writer
+    only wakes this thread; a PASSIVE checkpoint copies the WAL's frames into the database
+    file without taking the write lock, and the next writer starts the WAL over. Best effort:
+    a checkpoint that fails (another process checkpointing, a reader in the way) waits for
+    the next wake-up, and the writer's own backstop threshold bounds the WAL meanwhile.
+
+    The thread starts on the first wake-up, and again after a fork (the child has none) or
+    if it died; `close` stops it and closes its connection.
+    """
+
+    def __init__(self, db_name: str) -> None:
+        self._db_name = db_name
+        self._wanted = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.done = 0  # checkpoints run (tests and curiosity)
+
+    def wake(self) -> None:
+        """Ask for a checkpoint soon. Called by the writer, under the store's writer mutex."""
+        if self._closed:
+            return
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="steptrail-sqlite-checkpoint", daemon=True
+            )
+            self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wanted.wait()
+                self._wanted.clear()
+                if self._closed or self._thread is not threading.current_thread():
+                    return  # closed, or replaced (wake() found this thread gone)
+                try:
+                    if conn is None:
+                        conn = _connect(self._db_name, 0)
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.done += 1
+                except sqlite3.Error:
+                    pass  # busy or gone: the next wake-up tries again; the backstop holds
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wanted.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=BUSY_TIMEOUT_SECONDS)
+
+
 def _connect(db_name: str, timeout: float) -> sqlite3.Connection:
     """A connection as the store wants every one: autocommit (transactions are explicit),
     rows by name, and a statement cache that holds every statement of a write."""
@@ -414,6 +480,11 @@ class _FileWrite:
                     with suppress(sqlite3.Error):
                         cur.connection.rollback()
                     raise
+                store = self._store
+                store._commits += 1
+                if store._commits >= CHECKPOINT_EVERY:
+                    store._commits = 0
+                    store._checkpointer.wake()
             else:
                 with suppress(sqlite3.Error):
                     cur.connection.rollback()
@@ -466,6 +537,8 @@ class SQLiteRunStore(ClaimsOne):
         self._writer: sqlite3.Cursor | None = None
         self._writer_mutex = threading.Lock()
         self._handover_timeout = handover_timeout
+        self._commits = 0  # since the checkpointer was last woken (under _writer_mutex)
+        self._checkpointer = _Checkpointer(self.db_name)
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -527,6 +600,7 @@ class SQLiteRunStore(ClaimsOne):
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA secure_delete=ON")
+            conn.execute(f"PRAGMA wal_autocheckpoint={WRITER_AUTOCHECKPOINT}")
         except BaseException:
             conn.close()
             raise
@@ -562,6 +636,7 @@ class SQLiteRunStore(ClaimsOne):
             return self._handover
 
     def close(self) -> None:
+        self._checkpointer.close()
         with self._writer_mutex:
             if self._writer is not None:
                 self._writer.connection.close()
