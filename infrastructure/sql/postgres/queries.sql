@@ -363,7 +363,10 @@ ORDER BY run_id FOR UPDATE;
 DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 
 -- name: upsert_row
--- PostgreSQL: a locked row (or one that was missing), replaced by its rebuild.
+-- PostgreSQL: a locked row (or one that was missing), replaced by its rebuild, only where
+-- they differ: a row equal to its rebuild (every row of a healthy index) is left as it is,
+-- so a rebuild writes no new row version, no index entries and no WAL for it, and leaves no
+-- dead rows behind for VACUUM (ADR 0062).
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
@@ -380,7 +383,19 @@ ON CONFLICT (run_id) DO UPDATE SET
     claim_version = excluded.claim_version, requeue_count = excluded.requeue_count,
     reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
     lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
-    created_at = excluded.created_at, updated_at = excluded.updated_at;
+    created_at = excluded.created_at, updated_at = excluded.updated_at
+WHERE (
+    steptrail_runs.agent, steptrail_runs.status, steptrail_runs.version,
+    steptrail_runs.segment, steptrail_runs.holder, steptrail_runs.lease_ms,
+    steptrail_runs.claim_version, steptrail_runs.requeue_count, steptrail_runs.reason,
+    steptrail_runs.idempotency_key, steptrail_runs.doc, steptrail_runs.lease_expires_at,
+    steptrail_runs.available_at, steptrail_runs.created_at, steptrail_runs.updated_at
+) IS DISTINCT FROM (
+    excluded.agent, excluded.status, excluded.version, excluded.segment, excluded.holder,
+    excluded.lease_ms, excluded.claim_version, excluded.requeue_count, excluded.reason,
+    excluded.idempotency_key, excluded.doc, excluded.lease_expires_at, excluded.available_at,
+    excluded.created_at, excluded.updated_at
+);
 
 -- name: insert_missing_row
 -- PostgreSQL: the row of a run in the range's log that was not in the index when the range
