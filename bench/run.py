@@ -129,12 +129,16 @@ def check_postgres(base: str) -> str:
     return str(row[0]) if row else "?"
 
 
-def recreate_database(base: str, name: str) -> str:
+def recreate_database(base: str, name: str, template: str | None = None) -> str:
+    """Drop `name` if it exists and create it, empty or as a copy of `template`."""
     with psycopg.connect(pg_url(base, "postgres"), autocommit=True, connect_timeout=5) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        conn.execute(create)
     return pg_url(base, name)
 
 

@@ -267,9 +267,16 @@ def database_bytes(rt: Runtime, url: str) -> int:
         return int(row[0])
 
 
-def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], None]) -> dict:
+def command_env(url: str) -> dict[str, str]:
+    """The environment of a `steptrail` command on `url`: ours, without other STEPTRAIL_
+    settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     env.update(STEPTRAIL_DATABASE_URL=url, STEPTRAIL_LOG_LEVEL="warning")
+    return env
+
+
+def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], None]) -> dict:
+    env = command_env(url)
     figures: dict[str, Any] = {"size": size}
     settings = Settings(database_url=url, log_level="warning")
     with open_runtime(settings=settings) as rt:

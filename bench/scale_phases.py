@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import psycopg
-from psycopg import sql
-from scale import build, hot_path, purge, reads, reaper, say
+from run import drop_database, pg_url, recreate_database
+from scale import build, command_env, hot_path, purge, reads, reaper, say
 
 from steptrail.infrastructure.settings import Settings
 from steptrail.runtime import open_runtime
@@ -46,38 +44,15 @@ PHASES = (
 )
 
 
-def admin(pg: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(f"{pg}/postgres", autocommit=True)
-
-
 def exists(pg: str, name: str) -> bool:
-    with admin(pg) as conn:
+    with psycopg.connect(pg_url(pg, "postgres"), autocommit=True) as conn:
         row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
     return row is not None
 
 
-def recreate(pg: str, name: str, template: str | None = None) -> str:
-    with admin(pg) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template is not None:
-            create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-        conn.execute(create)
-    return f"{pg}/{name}"
-
-
-def drop(pg: str, name: str) -> None:
-    with admin(pg) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-
 def make_template(pg: str, size: int, purged: int) -> str:
     name = f"steptrail_phases_{size}"
-    url = recreate(pg, name)
+    url = recreate_database(pg, name)
     with open_runtime(settings=Settings(database_url=url, log_level="warning")) as rt:
         say(f"template {size:,}: building")
         build(rt, size, min(purged, size // 2), say)
@@ -87,8 +62,7 @@ def make_template(pg: str, size: int, purged: int) -> str:
 
 
 def phases(url: str, args: argparse.Namespace) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
-    env.update(STEPTRAIL_DATABASE_URL=url, STEPTRAIL_LOG_LEVEL="warning")
+    env = command_env(url)
     figures: dict[str, float] = {}
     with open_runtime(settings=Settings(database_url=url, log_level="warning")) as rt:
         figures.update(hot_path(rt, args.runs, args.concurrency))
@@ -127,11 +101,11 @@ def main() -> int:
         order = sizes if index % 2 == 0 else sizes[::-1]
         for size in order:
             copy = f"{templates[size]}_copy"
-            url = recreate(pg, copy, template=templates[size])
+            url = recreate_database(pg, copy, template=templates[size])
             try:
                 results[size].append(phases(url, args))
             finally:
-                drop(pg, copy)
+                drop_database(pg, copy)
             say(f"round {index + 1}/{args.rounds}, {size:,}: {json.dumps(results[size][-1])}")
     small, large = sizes[0], sizes[-1]
     lines = [
@@ -150,7 +124,7 @@ def main() -> int:
         args.json.write_text(json.dumps({"sizes": sizes, "results": results}, indent=1))
     if args.drop:
         for name in templates.values():
-            drop(pg, name)
+            drop_database(pg, name)
     return 0
 
 
