@@ -152,6 +152,16 @@ class Worker:
                     self.stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
+                # Anything else (a schema changed under a running worker, a claimed row that
+                # does not decode, a bug) is logged with its traceback and retried the same
+                # way: the dispatcher going down would take every run in flight with it.
+                # Runs a failed claim leased stay leased until the reaper takes them back,
+                # and a run that fails every claim is dead-lettered by the reaper's limit.
+                except Exception:  # noqa: BLE001
+                    self.log.exception("claim_error")
+                    self.stopping.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
                 backoff = 0.1
                 self.telemetry.claimed(claimed, time.monotonic() - sent)
                 if not claimed:

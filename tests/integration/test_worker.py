@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -444,5 +445,55 @@ def test_idle_worker__woken_by_new_work_not_by_polling(pg_url: str) -> None:
         worker.stop()
         thread.join(10)
         assert [r.outcome for r in results] == [Outcome.COMPLETED]
+    finally:
+        rt.close()
+
+
+class FailingClaims:
+    """The real store, except that its first `failures` claims raise `error`."""
+
+    def __init__(self, inner: Any, error: Exception, failures: int) -> None:
+        self.inner = inner
+        self.error = error
+        self.failures = failures
+        self.calls = 0
+
+    def claim_batch(self, **kwargs: Any) -> list[ClaimedRun]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return self.inner.claim_batch(**kwargs)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize(
+    ("error", "event", "level"),
+    [
+        (StoreUnavailable("connection refused"), "claim_failed", "warning"),
+        (RuntimeError("function steptrail_claim(...) does not exist"), "claim_error", "error"),
+    ],
+)
+def test_claim_error__worker_backs_off_and_goes_on(
+    db_url: str, error: Exception, event: str, level: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim that fails, for a lost connection or for anything else (a schema changed
+    under the worker, a row that does not decode), is logged and tried again after a
+    backoff: the dispatcher does not go down and take the runs in flight with it."""
+    rt = make_runtime(db_url)
+    try:
+        failing = FailingClaims(rt.store, error, failures=2)
+        rt.store = failing  # type: ignore[assignment]
+        run_ids = [rt.enqueue("scripted", {"steps": 1}) for _ in range(3)]
+        with caplog.at_level(logging.WARNING, logger="steptrail"):
+            report = rt.work(concurrency=2, burst=True)
+        assert report.outcomes == {"completed": 3}
+        assert failing.calls > 2
+        logged = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
+        failed = [entry for entry in logged if entry["event"] == event]
+        assert len(failed) == 2
+        assert {entry["level"] for entry in failed} == {level}
+        assert all(rt.get(run_id).status is RunStatus.COMPLETED for run_id in run_ids)
     finally:
         rt.close()
