@@ -38,9 +38,12 @@ class ReadOnlyStore(StoreUnavailable):
 def listing_query(status: str | None, agent: str | None = None) -> str:
     """The query that lists runs (`runs`, the inbox) for a status and an agent filter: one
     whose index walk stops after the page (ADRs 0042, 0056). With a status, that status's
-    index; without one, the agent's index for an agent, else the creation index."""
+    index, or for an agent too the (status, agent) index; without one, the agent's index for
+    an agent, else the creation index."""
     if status is None:
         return "select_runs" if agent is None else "select_runs_agent"
+    if agent is not None:
+        return "select_runs_agent_status"
     return "select_runs_running" if status == RunStatus.RUNNING.value else "select_runs_status"
 
 

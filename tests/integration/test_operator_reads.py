@@ -258,6 +258,17 @@ def test_runs__one_agents_runs_page_along_its_index_every_run_once(runtime: Runt
     assert {r.state.agent for r in scripted} == {"scripted"}
     assert len(scripted) == len(runtime.runs(limit=1000)) - len(rare)
     assert runtime.runs(agent="rare", status="queued", limit=1000) == everything
+    paged = []
+    before = None
+    while page := runtime.runs(agent="rare", status="queued", limit=2, before=before):
+        assert len(page) <= 2
+        paged.extend(r.run_id for r in page)
+        before = page[-1].run_id
+    assert paged == rare[::-1]
+    assert runtime.runs(agent="scripted", status="queued", limit=1000) == [
+        r for r in scripted if r.status is RunStatus.QUEUED
+    ]
+    assert runtime.runs(agent="rare", status="completed", limit=1000) == []
     assert runtime.runs(agent="rare", reason="completed", limit=1000) == []
     assert runtime.runs(agent="nobody") == []
 
@@ -306,6 +317,14 @@ def test_sqlite_plans__each_read_walks_its_index(sqlite_url: str) -> None:
             )
         )
         assert "steptrail_runs_agent_created_idx (agent=? AND" in plan
+        assert "TEMP B-TREE" not in plan
+        plan = " | ".join(
+            r[3]
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN " + q["select_runs_agent_status"], {**params, "agent": "a"}
+            )
+        )
+        assert "steptrail_runs_status_idx (status=? AND agent=? AND" in plan
         assert "TEMP B-TREE" not in plan
         plan = " | ".join(
             r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q["queue_health"], {"now": 0})
@@ -456,15 +475,25 @@ HISTORY_RUNS = 20_000
 
 
 @pytest.mark.parametrize("analysed", [False, True], ids=["never-analysed", "analysed"])
+@pytest.mark.parametrize(
+    ("query", "index"),
+    [
+        ("select_runs_agent", "steptrail_runs_agent_created_idx"),
+        ("select_runs_agent_status", "steptrail_runs_status_idx"),
+    ],
+    ids=["agent", "agent-and-status"],
+)
 def test_pg_plan__a_rare_agents_page_walks_its_index_not_the_history(
     pg_fresh: str,  # noqa: F811
     analysed: bool,
+    query: str,
+    index: str,
 ) -> None:
-    """Three runs of a rare agent, older than a history of 20,000 runs of another: a page of
-    the rare agent's runs (ADR 0056) walks the agent index backwards and reads the rows it
-    returns, with no sort, whether or not the planner has statistics; so does the next page,
-    below the key of the last row."""
-    q = queries("postgres")["select_runs_agent"]
+    """Three runs of a rare agent, older than a history of 20,000 completed runs of another:
+    a page of the rare agent's runs (ADR 0056), or of its completed runs (ADR 0064), walks
+    its index backwards and reads the rows it returns, with no sort, whether or not the
+    planner has statistics; so does the next page, below the key of the last row."""
+    q = queries("postgres")[query]
     with psycopg.connect(pg_fresh, autocommit=True, row_factory=dict_row) as conn:
         conn.execute(RARE_FILL, {"agent": "rare", "n": 3, "age_s": 2 * 86_400})
         conn.execute(RARE_FILL, {"agent": "common", "n": HISTORY_RUNS, "age_s": 86_400})
@@ -472,6 +501,7 @@ def test_pg_plan__a_rare_agents_page_walks_its_index_not_the_history(
             conn.execute("ANALYZE steptrail_runs")
         params: dict[str, Any] = {
             "agent": "rare",
+            "status": "completed",
             "reason": None,
             "limit": 2,
             "before_at": datetime(9999, 12, 31, tzinfo=UTC),
@@ -487,7 +517,7 @@ def test_pg_plan__a_rare_agents_page_walks_its_index_not_the_history(
             (plan,) = [p["Plan"] for p in plans]
             assert len(got["rows"]) == expected
             scans = _scans_of_runs(plan)
-            assert [n.get("Index Name") for n in scans] == ["steptrail_runs_agent_created_idx"]
+            assert [n.get("Index Name") for n in scans] == [index]
             assert sum(_read(n) for n in scans) == expected
             assert not [n for n in _nodes(plan) if "Sort" in n["Node Type"]]
             assert sum(_buffers(n) for n in scans) < 20  # a few index and heap pages

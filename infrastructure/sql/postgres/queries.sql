@@ -239,10 +239,11 @@ WHERE run_id = %(run_id)s ORDER BY seq;
 LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
 
 -- name: select_stale
--- Only running runs whose lease expired by the store's clock, oldest deadline first; the
--- partial index on lease_expires_at makes this proportional to the stale runs returned, and
--- steptrail_stale (migration 0010) walks only that index, whatever the statistics say (ADR
--- 0037). Leases are judged at now(), the transaction's start, just before lock_for_reaper
+-- Only running runs whose lease expired by the store's clock, oldest deadline first (to
+-- half a lease: the walk is along lease_due_at, the expiry rounded down to half a lease,
+-- which a step leaves unchanged; migration 0029, ADR 0063); that partial index makes this
+-- proportional to the stale runs returned, and steptrail_stale (migration 0010) walks only
+-- that index, whatever the statistics say (ADR 0037). Leases are judged at now(), the transaction's start, just before lock_for_reaper
 -- asked for its lock (migration 0019, ADR 0049): a renewal queued behind the same lock after
 -- the reaper was sent while its lease still ran, and is not judged by a clock that moved on
 -- while it waited. now() is stable, so the lease index can answer the comparison.
@@ -303,6 +304,17 @@ LIMIT %(limit)s;
 -- the agent is in the history (ADR 0056).
 SELECT * FROM steptrail_runs
 WHERE agent = %(agent)s
+  AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: select_runs_agent_status
+-- One agent's runs of one status: a backward walk of that (status, agent) slice of the
+-- (status, agent, created_at, run_id) index (migration 0030), which stops after the page
+-- however rare the agent is among the runs of that status (ADR 0064).
+SELECT * FROM steptrail_runs
+WHERE status = %(status)s AND agent = %(agent)s
   AND (created_at, run_id) < (%(before_at)s, %(before_id)s)
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
 ORDER BY created_at DESC, run_id DESC
@@ -575,8 +587,8 @@ WHERE reason IS NOT NULL GROUP BY status, reason ORDER BY status, reason;
 
 -- name: queue_health
 -- Live figures from the run index (not a view): the oldest queued run (the first entry of
--- the queued-since index, ADR 0042) and expired leases (counted along the lease index by
--- steptrail_stale_count, ADR 0037).
+-- the queued-since index, ADR 0042, on queued_at since migration 0029) and expired leases
+-- (counted along the lease index by steptrail_stale_count, ADR 0037).
 SELECT
     steptrail_oldest_queued() AS oldest_queued_at,
     steptrail_stale_count() AS stale_leases,

@@ -223,6 +223,17 @@ WHERE agent = :agent
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
+-- name: select_runs_agent_status
+-- One agent's runs of one status: a backward walk of that (status, agent) slice of the
+-- (status, agent, created_at, run_id) index (migration 0030), which stops after the page
+-- however rare the agent is among the runs of that status (ADR 0064).
+SELECT * FROM steptrail_runs INDEXED BY steptrail_runs_status_idx
+WHERE status = :status AND agent = :agent
+  AND (created_at, run_id) < (:before_at, :before_id)
+  AND (:reason IS NULL OR reason = :reason)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
 -- name: select_runs_status
 -- A status other than running: a backward walk of that status's slice of the status index
 -- (status, created_at[, run_id]) of migration 0017, which stops after the page (ADR 0042).
