@@ -157,7 +157,7 @@ class Worker:
                 # way: the dispatcher going down would take every run in flight with it.
                 # Runs a failed claim leased stay leased until the reaper takes them back,
                 # and a run that fails every claim is dead-lettered by the reaper's limit.
-                except Exception:  # noqa: BLE001
+                except Exception:
                     self.log.exception("claim_error")
                     self.stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
