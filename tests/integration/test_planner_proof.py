@@ -266,7 +266,7 @@ def test_pg_reaper_scan_and_stale_count__walk_the_lease_index(pg_fresh: str, sta
         scans = _scans_of_runs(inner)
         assert len(scans) == 1
         assert scans[0]["Node Type"] in ("Index Scan", "Index Only Scan")
-        assert scans[0]["Index Name"] == "steptrail_runs_lease_idx"
+        assert scans[0]["Index Name"] == "steptrail_runs_lease_due_idx"
         assert _read(scans[0]) <= EXPIRED  # the stale runs, not every running one
         assert _buffers(inner) <= EXPIRED + 20
 

@@ -101,6 +101,22 @@ def test_upgrade__old_database_opens_migrated_and_works(upgraded: Runtime) -> No
     catch_up(rt)
     assert rt.verify() == []
     rows = rt.store.all_rows()
+    # Migration 0029 moved the lease and queued-since indexes onto generated columns on
+    # PostgreSQL: the upgraded rows have them, so the reaper's walk finds the running run
+    # once its lease (of an hour, from when the fixture was built) has run out, and the
+    # oldest queued run is still found.
+    health = rt.views.health()
+    expired = {
+        r.run_id
+        for r in rows
+        if r.status is RunStatus.RUNNING
+        and r.lease_expires_at is not None
+        and r.lease_expires_at < health.now
+    }
+    assert health.stale_leases == len(expired)
+    assert {run.id for run in rt.store.stale(10)} == expired
+    queued_at = [r.updated_at for r in rows if r.status is RunStatus.QUEUED]
+    assert health.oldest_queued_at == min(queued_at)
     by_status = {s: [r for r in rows if r.status is s] for s in RunStatus}
     assert len(by_status[RunStatus.COMPLETED]) == 3
     assert len(by_status[RunStatus.FAILED]) == 1  # dead-lettered
@@ -120,11 +136,11 @@ def test_upgrade__old_database_opens_migrated_and_works(upgraded: Runtime) -> No
     assert rt.verify() == []
     counts = rt.views.status_counts()
     assert sum(v for (_, s), v in counts.items() if s == "completed") == 6
-    # What migrations 0025 to 0028 changed, on the upgraded data: `runs --agent`
-    # walks its own index (0025) and finds every run of the agent, newest first; the burst
-    # above ran through the claiming settle (0026) and the once-planned claim (0028); a
-    # rebuild's clear counts the reasons down per statement (0027) and the counts come back
-    # equal to a recount over the summaries.
+    # What migrations 0025 to 0030 changed, on the upgraded data: `runs --agent` walks its
+    # own index (0025) and finds every run of the agent, newest first, and with a status
+    # its (status, agent) slice (0030); the burst above ran through the claiming settle
+    # (0026) and the once-planned claim (0028); a rebuild's clear counts the reasons down
+    # per statement (0027) and the counts come back equal to a recount over the summaries.
     for agent in {r.state.agent for r in rows}:
         listed = rt.runs(agent=agent, limit=100)
         assert sorted(r.run_id for r in listed) == sorted(
@@ -133,6 +149,10 @@ def test_upgrade__old_database_opens_migrated_and_works(upgraded: Runtime) -> No
         assert [r.created_at for r in listed] == sorted(
             (r.created_at for r in listed), reverse=True
         )
+        for status in {r.status for r in listed}:  # along the (status, agent) index (0030)
+            assert [r.run_id for r in rt.runs(agent=agent, status=status, limit=100)] == [
+                r.run_id for r in listed if r.status is status
+            ]
     recount = Counter(
         (s.state.status.value, s.state.reason.value)
         for s in rt.views.summaries()
