@@ -250,6 +250,9 @@ class PostgresRunStore(ClaimsOne):
         self._listener: threading.Thread | None = None
         self._closed = threading.Event()
         self._claim_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        # Rows purged since the last after_purge: what its VACUUM will find (ADR 0065).
+        self._purged_lock = threading.Lock()
+        self._purged_rows = 0
         # The pool logs every failed connection attempt as a warning while it retries; what
         # fails is raised to the caller instead (the eventsourcing library's levels, kept).
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
@@ -796,20 +799,31 @@ class PostgresRunStore(ClaimsOne):
                     {"status": status, "cutoff": cutoff, "limit": limit - len(ids)},
                 ).fetchall()
                 ids += [r["run_id"] for r in rows]
+            deleted = 0
             if ids:
                 params = {"ids": ids, "category": category}
                 for statement in statements(self.q["purge_runs"]):
-                    conn.execute(statement.encode("utf-8"), params)
+                    deleted = max(deleted, conn.execute(statement.encode("utf-8"), params).rowcount)
                 for _, forget in projections:
                     forget(ids, PostgresSql(conn))
+        with self._purged_lock:  # no table lost more rows than the batch's largest delete
+            self._purged_rows += deleted
         return ids
 
     def after_purge(self) -> None:
         """VACUUM the tables a purge touched, so the space of deleted content is reclaimed
-        now rather than whenever autovacuum comes by (the WAL is the operator's: README)."""
+        now rather than whenever autovacuum comes by (the WAL is the operator's: README),
+        with the memory the dead rows need rather than all maintenance_work_mem (ADR 0065)."""
+        with self._purged_lock:
+            dead, self._purged_rows = self._purged_rows, 0
         with self._connection() as conn:
             conn.autocommit = True
-            conn.execute(self.q["after_purge"])
+            row = conn.execute(self.q["vacuum_memory"], {"dead": dead}).fetchone()
+            conn.execute(self.q["set_vacuum_memory"], {"kb": str(row["kb"]) if row else "1024"})
+            try:
+                conn.execute(self.q["after_purge"])
+            finally:
+                conn.execute(self.q["reset_vacuum_memory"])
 
     def tombstone(self, run_id: UUID) -> tuple[str, datetime] | None:
         row = self._one("select_tombstone", {"run_id": run_id})

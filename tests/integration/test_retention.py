@@ -3,6 +3,8 @@ and the privacy filter seen from the tables themselves."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sqlite3
 import uuid
 from datetime import timedelta
@@ -387,5 +389,79 @@ def test_settle__canary_in_a_journaled_result_leaves_zero_bytes(db_url: str, pad
             with sqlite3.connect(store.db_name) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             assert canary.encode() not in sqlite_bytes(rt)
+    finally:
+        rt.close()
+
+
+class _VacuumSpy:
+    """A store connection that notes the maintenance_work_mem each VACUUM ran with."""
+
+    def __init__(self, conn: Any, vacuum: str, seen: list[str]) -> None:
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_vacuum", vacuum)
+        object.__setattr__(self, "_seen", seen)
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if query == self._vacuum:
+            self._seen.append(_memory(self._conn))
+        return self._conn.execute(query, params, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._conn, name, value)
+
+
+def _memory(conn: Any) -> int:
+    """maintenance_work_mem on `conn`, in kB."""
+    row = conn.execute(
+        "SELECT setting::bigint AS kb FROM pg_settings WHERE name = 'maintenance_work_mem'"
+    ).fetchone()
+    return int(row["kb"] if isinstance(row, dict) else row[0])
+
+
+def test_purge_vacuum__given_the_memory_its_dead_rows_need_then_reset(pg_url: str) -> None:
+    """The VACUUM after a purge runs with maintenance_work_mem sized to the rows the purge
+    deleted and the dead rows the statistics know of (ADR 0065): PostgreSQL allocates all of
+    it up front, which at a million runs cost more than the VACUUM's work. The setting is
+    reset afterwards on that connection, and the count starts again from zero."""
+    rt = make_runtime(pg_url)
+    try:
+        store: Any = rt.store
+        old = [rt.enqueue("scripted", {"steps": 2}) for _ in range(4)]
+        rt.work(burst=True)
+        age(rt, old, days=40)
+        seen: list[int] = []
+        after: list[int] = []
+        connection = store._connection
+
+        @contextlib.contextmanager
+        def spied() -> Any:
+            with connection() as conn:
+                yield _VacuumSpy(conn, store.q["after_purge"], seen)
+                after.append(_memory(conn))
+
+        store._connection = spied
+        try:
+            assert rt.purge(batch=2).total == 4
+        finally:
+            del store._connection
+        assert seen == [1024]  # a few dozen dead rows: PostgreSQL's minimum
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            default = _memory(conn)
+        assert after[-1] == default
+        assert store._purged_rows == 0
+
+        def kb(dead: int) -> int:
+            with connection() as conn:
+                return int(conn.execute(store.q["vacuum_memory"], {"dead": dead}).fetchone()["kb"])
+
+        assert kb(0) == 1024
+        # 6 bytes a row, a quarter more, and 64 kB (n_dead_tup may add a few rows here)
+        assert (
+            min(default, math.ceil(1e6 * 7.5 / 1024) + 64) <= kb(1_000_000) <= min(default, 7_400)
+        )
+        assert kb(10**10) == default  # never more than the session's own setting
     finally:
         rt.close()

@@ -32,6 +32,11 @@ BACKEND_ONLY: dict[str, str] = {
         "(ADR 0040); insert_row also bulk-loads (PostgreSQL: COPY)",
     ),
     "listen_queued": "PostgreSQL: SQLite has no LISTEN; its workers poll",
+    **dict.fromkeys(
+        ("vacuum_memory", "set_vacuum_memory", "reset_vacuum_memory"),
+        "PostgreSQL: after_purge's VACUUM is given the memory its dead rows need (ADR 0065); "
+        "SQLite's after_purge checkpoints",
+    ),
     "claim_rows": "SQLite: PostgreSQL's claim updates the rows in its one statement",
     "insert_runs": "PostgreSQL: enqueue_many's one statement per batch (SQLite: executemany "
     "of insert_events, insert_run, put_saved in one transaction; ADR 0044)",

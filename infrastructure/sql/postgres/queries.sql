@@ -651,6 +651,32 @@ ON CONFLICT (run_id) DO NOTHING;
 -- name: select_tombstone
 SELECT * FROM steptrail_tombstones WHERE run_id = %(run_id)s;
 
+-- name: vacuum_memory
+-- The maintenance_work_mem for after_purge's VACUUM (ADR 0065), in kB: room for the dead row
+-- pointers it will find (6 bytes each, a quarter more) and no more. VACUUM allocates its
+-- whole array of them up front, sized by maintenance_work_mem capped by the table's pages;
+-- at a million runs that was 64 MB per table, and the kernel's work of mapping it was
+-- nearly all of the VACUUM. What it finds: the rows the purge deleted (counted by the
+-- purge) and the dead rows the statistics know of (other writes' churn). Never below
+-- PostgreSQL's minimum (1 MB), never above the session's own setting: an estimate that
+-- falls short costs VACUUM one more pass over the indexes, not a wrong result.
+SELECT LEAST(
+    s.setting::bigint,
+    GREATEST(1024, ceil((%(dead)s + coalesce(d.n, 0)) * 6 * 1.25 / 1024)::bigint + 64)
+) AS kb
+FROM pg_settings AS s,
+     (SELECT max(n_dead_tup) AS n FROM pg_stat_user_tables
+      WHERE schemaname = current_schema() AND relname IN (
+          'steptrail_events', 'steptrail_runs', 'steptrail_saved',
+          'steptrail_view_run_summaries', 'steptrail_view_dead_letters')) AS d
+WHERE s.name = 'maintenance_work_mem';
+
+-- name: set_vacuum_memory
+SELECT set_config('maintenance_work_mem', %(kb)s || 'kB', false);
+
+-- name: reset_vacuum_memory
+RESET maintenance_work_mem;
+
 -- name: after_purge
 -- Deleted rows stay in the table files until VACUUM marks their space reusable; do it now
 -- for the tables a purge touches (plain VACUUM: writers are not blocked). It cannot run in a
