@@ -116,13 +116,17 @@ class Reaper:
         stop: threading.Event | None = None,
         on_report: Callable[[ReapReport], None] | None = None,
     ) -> None:
-        """Reap every `seconds` until `stop` is set; a store outage is logged, not fatal."""
+        """Reap every `seconds` until `stop` is set; a store outage is logged, not fatal, and
+        so is any other failed pass (logged with its traceback): `reap --every` is a daemon,
+        and the next pass may succeed (a schema upgraded under it, a lock timeout)."""
         stop = stop or threading.Event()
         while not stop.is_set():
             try:
                 report = self.reap_once(limit)
             except StoreUnavailable as error:
                 self.log.warning("reap_failed", error=str(error)[:200])
+            except Exception:
+                self.log.exception("reap_error")
             else:
                 if on_report is not None:
                     on_report(report)

@@ -497,3 +497,69 @@ def test_claim_error__worker_backs_off_and_goes_on(
         assert all(rt.get(run_id).status is RunStatus.COMPLETED for run_id in run_ids)
     finally:
         rt.close()
+
+
+class FailingStale:
+    """The real store, except that its first `failures` stale-lease scans raise `error`."""
+
+    def __init__(self, inner: Any, error: Exception, failures: int) -> None:
+        self.inner = inner
+        self.error = error
+        self.failures = failures
+        self.calls = 0
+
+    def stale(self, limit: int) -> list[Run]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return self.inner.stale(limit)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize(
+    ("error", "event"),
+    [
+        (StoreUnavailable("connection refused"), "reap_failed"),
+        (RuntimeError("function steptrail_stale(integer) does not exist"), "reap_error"),
+    ],
+)
+def test_reap_every__a_failed_pass_is_logged_and_the_next_one_reaps(
+    db_url: str, error: Exception, event: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`reap --every` is a daemon: a pass that fails, for a lost connection or anything
+    else, is logged and the loop goes on; a later pass reclaims the stale run."""
+    rt = make_runtime(db_url, lease_seconds=0.2)
+    stop = threading.Event()
+    try:
+        run_id = rt.enqueue("scripted", {"steps": 1})
+        assert rt.store.claim(holder="dead-worker", lease_ms=200, agents=["scripted"])
+        time.sleep(0.4)  # the lease runs out: nobody renews it
+        reaper = rt.reaper()
+        failing = FailingStale(rt.store, error, failures=2)
+        reaper.store = failing  # type: ignore[assignment]
+        reaped: list[int] = []
+
+        def on_report(report: Any) -> None:
+            reaped.append(report.reaped)
+            if report.reaped:
+                stop.set()
+
+        with caplog.at_level(logging.WARNING, logger="steptrail"):
+            thread = threading.Thread(
+                target=reaper.reap_every,
+                args=(0.05,),
+                kwargs={"stop": stop, "on_report": on_report},
+            )
+            thread.start()
+            thread.join(10)
+        assert not thread.is_alive()
+        assert failing.calls >= 3
+        assert 1 in reaped
+        assert rt.get(run_id).status is RunStatus.QUEUED
+        logged = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
+        assert [entry["event"] for entry in logged].count(event) == 2
+    finally:
+        stop.set()
+        rt.close()
