@@ -449,23 +449,28 @@ def test_idle_worker__woken_by_new_work_not_by_polling(pg_url: str) -> None:
         rt.close()
 
 
-class FailingClaims:
-    """The real store, except that its first `failures` claims raise `error`."""
+class FailsFirst:
+    """The real store, except that the first `failures` calls of its `method` raise `error`."""
 
-    def __init__(self, inner: Any, error: Exception, failures: int) -> None:
+    def __init__(self, inner: Any, method: str, error: Exception, failures: int) -> None:
         self.inner = inner
+        self.method = method
         self.error = error
         self.failures = failures
         self.calls = 0
 
-    def claim_batch(self, **kwargs: Any) -> list[ClaimedRun]:
-        self.calls += 1
-        if self.calls <= self.failures:
-            raise self.error
-        return self.inner.claim_batch(**kwargs)  # type: ignore[no-any-return]
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        real = getattr(self.inner, name)
+        if name != self.method:
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise self.error
+            return real(*args, **kwargs)
+
+        return call
 
 
 @pytest.mark.parametrize(
@@ -483,7 +488,7 @@ def test_claim_error__worker_backs_off_and_goes_on(
     backoff: the dispatcher does not go down and take the runs in flight with it."""
     rt = make_runtime(db_url)
     try:
-        failing = FailingClaims(rt.store, error, failures=2)
+        failing = FailsFirst(rt.store, "claim_batch", error, failures=2)
         rt.store = failing  # type: ignore[assignment]
         run_ids = [rt.enqueue("scripted", {"steps": 1}) for _ in range(3)]
         with caplog.at_level(logging.WARNING, logger="steptrail"):
@@ -497,25 +502,6 @@ def test_claim_error__worker_backs_off_and_goes_on(
         assert all(rt.get(run_id).status is RunStatus.COMPLETED for run_id in run_ids)
     finally:
         rt.close()
-
-
-class FailingStale:
-    """The real store, except that its first `failures` stale-lease scans raise `error`."""
-
-    def __init__(self, inner: Any, error: Exception, failures: int) -> None:
-        self.inner = inner
-        self.error = error
-        self.failures = failures
-        self.calls = 0
-
-    def stale(self, limit: int) -> list[Run]:
-        self.calls += 1
-        if self.calls <= self.failures:
-            raise self.error
-        return self.inner.stale(limit)  # type: ignore[no-any-return]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 @pytest.mark.parametrize(
@@ -537,7 +523,7 @@ def test_reap_every__a_failed_pass_is_logged_and_the_next_one_reaps(
         assert rt.store.claim(holder="dead-worker", lease_ms=200, agents=["scripted"])
         time.sleep(0.4)  # the lease runs out: nobody renews it
         reaper = rt.reaper()
-        failing = FailingStale(rt.store, error, failures=2)
+        failing = FailsFirst(rt.store, "stale", error, failures=2)
         reaper.store = failing  # type: ignore[assignment]
         reaped: list[int] = []
 
