@@ -147,18 +147,17 @@ class Worker:
                         agents=agents,
                         limit=min(free, MAX_CLAIM_BATCH),
                     )
-                except StoreUnavailable as error:
-                    self.log.warning("claim_failed", error=str(error)[:200])
-                    self.stopping.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                # Anything else (a schema changed under a running worker, a claimed row that
-                # does not decode, a bug) is logged with its traceback and retried the same
-                # way: the dispatcher going down would take every run in flight with it.
-                # Runs a failed claim leased stay leased until the reaper takes them back,
-                # and a run that fails every claim is dead-lettered by the reaper's limit.
-                except Exception:
-                    self.log.exception("claim_error")
+                # A lost connection is a warning; anything else (a schema changed under a
+                # running worker, a claimed row that does not decode, a bug) is logged with
+                # its traceback. Both are retried after a backoff: the dispatcher going down
+                # would take every run in flight with it. Runs a failed claim leased stay
+                # leased until the reaper takes them back, and a run that fails every claim
+                # is dead-lettered by the reaper's limit.
+                except Exception as error:
+                    if isinstance(error, StoreUnavailable):
+                        self.log.warning("claim_failed", error=str(error)[:200])
+                    else:
+                        self.log.exception("claim_error")
                     self.stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue

@@ -396,7 +396,7 @@ def test_settle__canary_in_a_journaled_result_leaves_zero_bytes(db_url: str, pad
 class _VacuumSpy:
     """A store connection that notes the maintenance_work_mem each VACUUM ran with."""
 
-    def __init__(self, conn: Any, vacuum: str, seen: list[str]) -> None:
+    def __init__(self, conn: Any, vacuum: str, seen: list[int]) -> None:
         object.__setattr__(self, "_conn", conn)
         object.__setattr__(self, "_vacuum", vacuum)
         object.__setattr__(self, "_seen", seen)

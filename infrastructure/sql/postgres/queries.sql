@@ -243,10 +243,11 @@ LOCK TABLE steptrail_runs, steptrail_events IN SHARE MODE;
 -- half a lease: the walk is along lease_due_at, the expiry rounded down to half a lease,
 -- which a step leaves unchanged; migration 0029, ADR 0063); that partial index makes this
 -- proportional to the stale runs returned, and steptrail_stale (migration 0010) walks only
--- that index, whatever the statistics say (ADR 0037). Leases are judged at now(), the transaction's start, just before lock_for_reaper
--- asked for its lock (migration 0019, ADR 0049): a renewal queued behind the same lock after
--- the reaper was sent while its lease still ran, and is not judged by a clock that moved on
--- while it waited. now() is stable, so the lease index can answer the comparison.
+-- that index, whatever the statistics say (ADR 0037). Leases are judged at now(), the
+-- transaction's start, just before lock_for_reaper asked for its lock (migration 0019, ADR
+-- 0049): a renewal queued behind the same lock after the reaper was sent while its lease
+-- still ran, and is not judged by a clock that moved on while it waited. now() is stable,
+-- so the lease index can answer the comparison.
 SELECT * FROM steptrail_stale(%(limit)s::integer);
 
 -- name: select_history
