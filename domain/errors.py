@@ -47,6 +47,16 @@ class UnreadableEvent(DomainError):
     """
 
 
+class UnreadableRun(DomainError):
+    """A run's row in the run index cannot be decoded and neither can its log be replayed;
+    the message names the run.
+
+    An unreadable row alone is not an error: readers take the run from its log instead (the
+    index is a projection of the log, ADR 0066). Workers and the reaper skip a run that is
+    unreadable both ways and log it; `verify` reports it.
+    """
+
+
 class InvalidActor(DomainError):
     """A name given as who acted (`--by`) is not an acceptable actor name; nothing changed."""
 

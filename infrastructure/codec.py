@@ -68,7 +68,7 @@ def decode_event(topic: str, state: bytes, *, where: str = "an event") -> RunEve
             return cls.model_validate_json(state)
         return _validate(cls, json.loads(state))
     except (ValidationError, ValueError, RecursionError) as error:
-        fast_error = _reason(error)
+        fast_error = error_reason(error)
     try:
         data = json.loads(state)
     except (ValueError, RecursionError):
@@ -77,12 +77,12 @@ def decode_event(topic: str, state: bytes, *, where: str = "an event") -> RunEve
     try:
         event = _validate(cls, clipped)
     except (ValidationError, ValueError, RecursionError) as error:
-        raise UnreadableEvent(f"{where} cannot be read: {_reason(error)}") from None
+        raise UnreadableEvent(f"{where} cannot be read: {error_reason(error)}") from None
     steptrail_logger().warning("event_content_clipped", where=where, reason=fast_error)
     return event
 
 
-def _reason(error: Exception) -> str:
+def error_reason(error: Exception) -> str:
     # pydantic quotes the start of the input after " [type="; that is content, keep it out.
     lines = str(error).splitlines()
     text = lines[1] if isinstance(error, ValidationError) and len(lines) > 1 else lines[0]

@@ -53,14 +53,23 @@ from steptrail.infrastructure.store_base import (
     keeps_request,
     listing_query,
     range_end,
+    readable_run,
     run_from_row,
     settled_load,
     side_effects,
+    skip_unreadable,
+    split_unreadable,
     state_params,
 )
 from steptrail.infrastructure.user_sql import PostgresSql, postgres_drop, postgres_rows_of
 from steptrail.projections.custom import PurgeHook
-from steptrail.projections.run_index import RunRow, column_values, document_json, rebuild_rows
+from steptrail.projections.run_index import (
+    IndexRange,
+    RunRow,
+    column_values,
+    document_json,
+    rebuild_rows,
+)
 
 if TYPE_CHECKING:  # imported when a pool is made: a one-shot command keeps one connection
     from psycopg_pool import ConnectionPool
@@ -397,7 +406,7 @@ class PostgresRunStore(ClaimsOne):
             # the row was not in its snapshot: read it now (the only second round trip).
             row = self._one("select_run_by_key", {"idempotency_key": run.state.idempotency_key})
             assert row is not None, "insert_run skipped but no run has the key"
-        return run_from_row(row)
+        return self._run(row)
 
     def create_many(self, runs: Sequence[tuple[Run, bytes | None]]) -> list[UUID]:
         """Record many new runs in one statement (one round trip); see `RunStore.create_many`."""
@@ -471,15 +480,15 @@ class PostgresRunStore(ClaimsOne):
         if not run.pending_events:
             return []
         name, params = self.append_statement(run, resumable=resumable)
-        claimed: list[ClaimedRun] = []
+        rows: list[DictRow] = []
         with self._connection() as conn:
             if not (run.state.status.is_terminal and keeps_request(run.state)):
                 if then_claim is None:
                     conn.execute(self.q[name], params, prepare=True)
                 else:
                     params.update(_claim_params(then_claim, prefix="c_"))
-                    rows = conn.execute(self.q[f"{name}_claim"], params, prepare=True)
-                    claimed = _claimed(rows.fetchall())
+                    cur = conn.execute(self.q[f"{name}_claim"], params, prepare=True)
+                    rows = cur.fetchall()
             else:
                 # A failed settle (rare): the append with drop_saved off, then everything
                 # saved but the request, and the journal, in one transaction. Kept out of
@@ -489,7 +498,7 @@ class PostgresRunStore(ClaimsOne):
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
-        return claimed
+        return self._claimed(rows) if rows else []
 
     def append_statement(
         self, run: Run, *, resumable: bytes | None = None
@@ -556,17 +565,17 @@ class PostgresRunStore(ClaimsOne):
                 with conn.pipeline():
                     rows = conn.execute(self.q["claim"], params, prepare=True).fetchall()
                 self._claim_prepared.add(conn)
-        return _claimed(rows)
+        return self._claimed(rows)
 
     # -- reads ---------------------------------------------------------------------------------
 
     def load(self, run_id: UUID) -> Run | None:
         row = self._one("select_run", {"run_id": run_id})
-        return run_from_row(row) if row is not None else None
+        return self._run(row) if row is not None else None
 
     def row(self, run_id: UUID) -> RunRow | None:
         row = self._one("select_run", {"run_id": run_id})
-        return _index_row(row) if row is not None else None
+        return self._index_row(row) if row is not None else None
 
     def saved(self, run_id: UUID, kind: str) -> bytes | None:
         row = self._one("select_saved", {"run_id": run_id, "kind": kind})
@@ -585,8 +594,10 @@ class PostgresRunStore(ClaimsOne):
         landed (ADR 0016): a renewal that waited on a lock is not mistaken for a dead worker."""
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["lock_for_reaper"])
-            rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True)
-            return [run_from_row(r) for r in rows]
+            rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True).fetchall()
+        # Decoded after the scan's transaction (and its SHARE lock) ended: a row that must be
+        # read from the log instead (ADR 0066) holds no writer back.
+        return skip_unreadable(self._run, rows)
 
     def history(
         self, run_id: UUID, *, first: int = 1, limit: int | None = None
@@ -632,7 +643,8 @@ class PostgresRunStore(ClaimsOne):
         }
         name = listing_query(status, agent)
         with self._connection() as conn:
-            return [_index_row(r) for r in conn.execute(self.q[name], params)]
+            rows = conn.execute(self.q[name], params).fetchall()
+        return [self._index_row(r) for r in rows]
 
     def failed_ids(
         self, *, agent: str | None, reason: str | None, since: datetime, limit: int
@@ -645,22 +657,25 @@ class PostgresRunStore(ClaimsOne):
 
     def all_rows(self) -> list[RunRow]:
         with self._connection() as conn:
-            return [_index_row(r) for r in conn.execute(self.q["select_all_runs"])]
+            rows = conn.execute(self.q["select_all_runs"]).fetchall()
+        return [self._index_row(r) for r in rows]
 
-    def index_ranges(self, batch: int = RANGE_RUNS) -> Iterator[tuple[list[RunRow], list[RunRow]]]:
+    def index_ranges(self, batch: int = RANGE_RUNS) -> Iterator[IndexRange]:
         """The live run index and the index rebuilt from the log, one keyset range of run
         ids at a time (ADR 0040): at most `batch` runs of each per range, both read in one
         REPEATABLE READ snapshot, so writers in between cannot look like drift. A run's row
-        and its whole log are always in the same range; each range is a short read."""
+        and its whole log are always in the same range; each range is a short read. A live
+        row that cannot be decoded is reported as such, not read from the log (ADR 0066)."""
         lo: UUID | None = FIRST_ID
         while lo is not None:
             with self._connection() as conn, conn.transaction():
                 conn.execute(self.q["snapshot_for_verify"])
                 hi = self._range_end(conn, lo, batch)
                 bounds = {"lo": lo, "hi": hi}
-                live = [_index_row(r) for r in conn.execute(self.q["range_runs"], bounds)]
+                rows = conn.execute(self.q["range_runs"], bounds).fetchall()
                 rebuilt = list(rebuild_rows(self._log(conn, bounds)))
-            yield live, rebuilt
+            live, unreadable = split_unreadable(_index_row, rows, lambda r: r["run_id"])
+            yield IndexRange(live, rebuilt, unreadable)
             lo = after(hi)
 
     def _range_end(self, conn: psycopg.Connection[DictRow], lo: UUID, batch: int) -> UUID:
@@ -745,6 +760,31 @@ class PostgresRunStore(ClaimsOne):
         row = self._one("store_now", {})
         assert row is not None
         return row["now"]
+
+    def _run(self, row: DictRow) -> Run:
+        """The run `row` describes, or its log if the row cannot be decoded (ADR 0066)."""
+        return readable_run(row["run_id"], lambda: run_from_row(row), self._events)
+
+    def _events(self, run_id: UUID) -> list[RunEvent]:
+        return [recorded.event for recorded in self.history(run_id)]
+
+    def _index_row(self, row: DictRow) -> RunRow:
+        return _index_row(row, self._run(row))
+
+    def _claimed(self, rows: Sequence[DictRow]) -> list[ClaimedRun]:
+        """The runs the `claim` query (or a settle's claim) returned, as the worker takes
+        them, leaving out a run unreadable both ways (logged; its lease runs out and the
+        reaper finds it, ADR 0066). updated_at is the claim's now(): the run's age is
+        measured by the store's clock."""
+
+        def claimed(row: DictRow) -> ClaimedRun:
+            return ClaimedRun(
+                run=self._run(row),
+                request=bytes(row["request"] or b""),
+                age_s=max(0.0, (row["updated_at"] - row["created_at"]).total_seconds()),
+            )
+
+        return skip_unreadable(claimed, rows)
 
     def _one(self, name: str, params: dict[str, Any]) -> DictRow | None:
         with self._connection() as conn:
@@ -988,9 +1028,11 @@ _MANY_COLUMNS = {
 }
 
 
-def _index_row(row: DictRow) -> RunRow:
+def _index_row(row: DictRow, run: Run | None = None) -> RunRow:
+    """The row as the run index describes it; the run's state is `run`'s if given (read from
+    the log when the row could not be), else decoded from the row."""
     return RunRow(
-        state=run_from_row(row).state,
+        state=(run if run is not None else run_from_row(row)).state,
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         lease_expires_at=row["lease_expires_at"],
@@ -1014,16 +1056,3 @@ def _claim_params(request: ClaimRequest, *, prefix: str) -> dict[str, Any]:
         f"{prefix}lease_ms": request.lease_ms,
         f"{prefix}limit": request.limit,
     }
-
-
-def _claimed(rows: Sequence[DictRow]) -> list[ClaimedRun]:
-    """The runs the `claim` query (or a settle's claim) returned, as the worker takes them.
-    updated_at is the claim's now(): the run's age is measured by the store's clock."""
-    return [
-        ClaimedRun(
-            run=run_from_row(row),
-            request=bytes(row["request"] or b""),
-            age_s=max(0.0, (row["updated_at"] - row["created_at"]).total_seconds()),
-        )
-        for row in rows
-    ]

@@ -48,14 +48,18 @@ from steptrail.infrastructure.store_base import (
     listing_query,
     pending_entries,
     range_end,
+    readable_run,
     run_from_row,
     settled_load,
     side_effects,
+    skip_unreadable,
+    split_unreadable,
     state_params,
 )
 from steptrail.infrastructure.user_sql import SqliteSql, sqlite_drop, sqlite_rows_of
 from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import (
+    IndexRange,
     RunRow,
     column_values,
     document_json,
@@ -700,20 +704,23 @@ class SQLiteRunStore(ClaimsOne):
         ]
 
     def create(self, run: Run, *, request: bytes | None) -> Run:
+        existing: sqlite3.Row | None = None
         with self._write() as (cur, at):
             if run.state.idempotency_key is not None:
                 cur.execute(
                     self.q["select_run_by_key"], {"idempotency_key": run.state.idempotency_key}
                 )
                 existing = cur.fetchone()
-                if existing is not None:
-                    return run_from_row(existing)
-            self._insert_events(cur, run, at)
-            cur.execute(self.q["insert_run"], self._params(run, at))
-            if request is not None:
-                cur.execute(
-                    self.q["put_saved"], {"run_id": run.id.hex, "kind": REQUEST, "body": request}
-                )
+            if existing is None:
+                self._insert_events(cur, run, at)
+                cur.execute(self.q["insert_run"], self._params(run, at))
+                if request is not None:
+                    params = {"run_id": run.id.hex, "kind": REQUEST, "body": request}
+                    cur.execute(self.q["put_saved"], params)
+        if existing is not None:
+            # Decoded outside the write: a row read from the log instead (ADR 0066) reads
+            # on a connection of its own.
+            return self._run(existing)
         run.mark_committed()
         self._wake_if_queued(run)
         return run
@@ -860,7 +867,7 @@ class SQLiteRunStore(ClaimsOne):
         run.mark_committed()
         if wake:
             self._woken.set()
-        return _claimed(rows, then_claim, at) if then_claim is not None and rows else []
+        return self._claimed(rows, then_claim, at) if then_claim is not None and rows else []
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
@@ -868,7 +875,7 @@ class SQLiteRunStore(ClaimsOne):
         request = ClaimRequest(holder=holder, lease_ms=lease_ms, agents=tuple(agents), limit=limit)
         with self._write() as (cur, at):
             rows = self._claim_rows(cur, at, request)
-        return _claimed(rows, request, at)
+        return self._claimed(rows, request, at)
 
     def _claim_rows(self, cur: sqlite3.Cursor, at: int, request: ClaimRequest) -> list[sqlite3.Row]:
         """Inside a write transaction: lock nothing more (the database's write lock is held),
@@ -911,6 +918,37 @@ class SQLiteRunStore(ClaimsOne):
 
     # -- reads ---------------------------------------------------------------------------------
 
+    def _run(self, row: sqlite3.Row) -> Run:
+        """The run `row` describes, or its log if the row cannot be decoded (ADR 0066)."""
+        return readable_run(UUID(row["run_id"]), lambda: run_from_row(row), self._events)
+
+    def _events(self, run_id: UUID) -> list[RunEvent]:
+        return [recorded.event for recorded in self.history(run_id)]
+
+    def _index_row(self, row: sqlite3.Row) -> RunRow:
+        return _index_row(row, self._run(row))
+
+    def _claimed(
+        self, rows: Sequence[sqlite3.Row], request: ClaimRequest, at: int
+    ) -> list[ClaimedRun]:
+        """The runs `_claim_rows` claimed at `at`, as the worker takes them: the same Claimed fold
+        the SQL applied, done outside the write lock. A row that cannot be decoded is read
+        from the log, which holds the Claimed event already; a run unreadable both ways is
+        left out and logged (its lease runs out and the reaper finds it, ADR 0066)."""
+
+        def claimed(row: sqlite3.Row) -> ClaimedRun:
+            def from_row() -> Run:
+                run = run_from_row(row)
+                run.claim(holder=request.holder, lease_ms=request.lease_ms)
+                run.mark_committed()
+                return run
+
+            run = readable_run(UUID(row["run_id"]), from_row, self._events)
+            age_s = max(0, at - row["created_at"]) / 1_000_000
+            return ClaimedRun(run=run, request=bytes(row["request"] or b""), age_s=age_s)
+
+        return skip_unreadable(claimed, rows)
+
     def _one(self, name: str, params: dict[str, Any]) -> sqlite3.Row | None:
         with self._read() as cur:
             cur.execute(self.q[name], params)
@@ -919,11 +957,11 @@ class SQLiteRunStore(ClaimsOne):
 
     def load(self, run_id: UUID) -> Run | None:
         row = self._one("select_run", {"run_id": run_id.hex})
-        return run_from_row(row) if row is not None else None
+        return self._run(row) if row is not None else None
 
     def row(self, run_id: UUID) -> RunRow | None:
         row = self._one("select_run", {"run_id": run_id.hex})
-        return _index_row(row) if row is not None else None
+        return self._index_row(row) if row is not None else None
 
     def saved(self, run_id: UUID, kind: str) -> bytes | None:
         row = self._one("select_saved", {"run_id": run_id.hex, "kind": kind})
@@ -945,7 +983,10 @@ class SQLiteRunStore(ClaimsOne):
         asked = self.now_us()
         with self._write() as (cur, _):
             cur.execute(self.q["select_stale"], {"now": asked, "limit": limit})
-            return [run_from_row(r) for r in cur.fetchall()]
+            rows = cur.fetchall()
+        # Decoded once the write lock is released: a row read from the log instead (ADR
+        # 0066) holds no writer back.
+        return skip_unreadable(self._run, rows)
 
     def history(
         self, run_id: UUID, *, first: int = 1, limit: int | None = None
@@ -996,7 +1037,8 @@ class SQLiteRunStore(ClaimsOne):
         name = listing_query(status, agent)
         with self._read() as cur:
             cur.execute(self.q[name], params)
-            return [_index_row(r) for r in cur.fetchall()]
+            rows = cur.fetchall()
+        return [self._index_row(r) for r in rows]
 
     def failed_ids(
         self, *, agent: str | None, reason: str | None, since: datetime, limit: int
@@ -1010,13 +1052,15 @@ class SQLiteRunStore(ClaimsOne):
     def all_rows(self) -> list[RunRow]:
         with self._read() as cur:
             cur.execute(self.q["select_all_runs"])
-            return [_index_row(r) for r in cur.fetchall()]
+            rows = cur.fetchall()
+        return [self._index_row(r) for r in rows]
 
-    def index_ranges(self, batch: int = RANGE_RUNS) -> Iterator[tuple[list[RunRow], list[RunRow]]]:
+    def index_ranges(self, batch: int = RANGE_RUNS) -> Iterator[IndexRange]:
         """The live run index and the index rebuilt from the log, one keyset range of run
         ids at a time (ADR 0040): at most `batch` runs of each per range, both read in one
         read transaction (one WAL snapshot), so writers in between cannot look like drift.
-        A run's row and its whole log are always in the same range."""
+        A run's row and its whole log are always in the same range. A live row that cannot be
+        decoded is reported as such, not read from the log (ADR 0066)."""
         lo: UUID | None = FIRST_ID
         while lo is not None:
             with self._read() as cur:
@@ -1025,11 +1069,12 @@ class SQLiteRunStore(ClaimsOne):
                     hi = self._range_end(cur, lo, batch)
                     bounds = {"lo": lo.hex, "hi": hi.hex}
                     cur.execute(self.q["range_runs"], bounds)
-                    live = [_index_row(r) for r in cur.fetchall()]
+                    rows = cur.fetchall()
                     rebuilt = list(rebuild_rows(self._log(cur, bounds)))
                 finally:
                     cur.execute("COMMIT")
-            yield live, rebuilt
+            live, unreadable = split_unreadable(_index_row, rows, lambda r: UUID(r["run_id"]))
+            yield IndexRange(live, rebuilt, unreadable)
             lo = after(hi)
 
     def _range_end(self, cur: sqlite3.Cursor, lo: UUID, batch: int) -> UUID:
@@ -1273,24 +1318,13 @@ class _SqliteTx:
         sqlite_drop(self.cur, table)
 
 
-def _index_row(row: sqlite3.Row) -> RunRow:
+def _index_row(row: sqlite3.Row, run: Run | None = None) -> RunRow:
+    """The row as the run index describes it; the run's state is `run`'s if given (read from
+    the log when the row could not be), else decoded from the row."""
     return RunRow(
-        state=run_from_row(row).state,
+        state=(run if run is not None else run_from_row(row)).state,
         created_at=to_datetime(row["created_at"]) or datetime.now(UTC),
         updated_at=to_datetime(row["updated_at"]) or datetime.now(UTC),
         lease_expires_at=to_datetime(row["lease_expires_at"]),
         available_at=to_datetime(row["available_at"]),
     )
-
-
-def _claimed(rows: Sequence[sqlite3.Row], request: ClaimRequest, at: int) -> list[ClaimedRun]:
-    """The runs `_claim_rows` claimed at `at`, as the worker takes them: the same Claimed
-    fold the SQL applied, done outside the write lock."""
-    claimed = []
-    for row in rows:
-        run = run_from_row(row)
-        run.claim(holder=request.holder, lease_ms=request.lease_ms)
-        run.mark_committed()
-        age_s = max(0, at - row["created_at"]) / 1_000_000
-        claimed.append(ClaimedRun(run=run, request=bytes(row["request"] or b""), age_s=age_s))
-    return claimed

@@ -4,18 +4,19 @@ into runs, so the SQL is the only thing that differs between them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from steptrail.domain.enums import RunStatus
-from steptrail.domain.errors import StoreUnavailable
+from steptrail.domain.errors import DomainError, StoreUnavailable, UnreadableRun
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun
-from steptrail.domain.run import Run, RunState
-from steptrail.infrastructure.codec import encode_event
+from steptrail.domain.run import Run, RunEvent, RunState
+from steptrail.infrastructure.codec import encode_event, error_reason
+from steptrail.infrastructure.logging import steptrail_logger
 from steptrail.projections.run_index import (
     COLUMN_FIELDS,
     RunRow,
@@ -71,6 +72,75 @@ def run_from_row(row: RowLike) -> Run:
     if isinstance(document, (str, bytes)):
         document = json.loads(document)
     return Run(join_state({k: row[k] for k in COLUMN_FIELDS}, document))
+
+
+# What decoding a damaged row raises: JSON that does not parse and a state that does not
+# validate (ValueError, pydantic's ValidationError among them), a document that is not an
+# object (TypeError), one nested past the interpreter's limit, a key that is missing.
+UNREADABLE_ROW = (ValueError, TypeError, RecursionError, LookupError)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def readable_run(
+    run_id: UUID, decode: Callable[[], Run], events: Callable[[UUID], Iterable[RunEvent]]
+) -> Run:
+    """The run `decode` reads from its row of the run index or, if the row cannot be decoded
+    (damaged, edited by hand), the run its log describes: the index is a projection of the
+    log (ADR 0066). The run's next append writes its row again from that state; until then
+    each read logs `run_row_unreadable`, and `verify` reports the row.
+
+    Raises:
+        UnreadableRun: neither the row nor the log can be read (the message names the run).
+    """
+    try:
+        return decode()
+    except UNREADABLE_ROW as error:
+        reason = error_reason(error)
+    try:
+        run = Run.replay(events(run_id))
+    except (DomainError, *UNREADABLE_ROW) as error:
+        raise UnreadableRun(
+            f"run {run_id}: its row in the run index cannot be read ({reason}), and its log "
+            f"cannot be replayed ({error_reason(error)})"
+        ) from None
+    steptrail_logger().warning(
+        "run_row_unreadable",
+        run_id=str(run_id),
+        version=run.version,
+        reason=reason,
+        remedy="read from the log instead; `steptrail rebuild run-index` rewrites the row",
+    )
+    return run
+
+
+def skip_unreadable(decode: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """`decode` of each item, leaving out (and logging) those that raise `UnreadableRun`: a
+    worker's claim or a reaper's pass goes on with the runs it can read, instead of one bad
+    run failing every batch it is in (ADR 0066)."""
+    decoded = []
+    for item in items:
+        try:
+            decoded.append(decode(item))
+        except UnreadableRun as error:
+            steptrail_logger().error("run_unreadable_skipped", error=str(error))
+    return decoded
+
+
+def split_unreadable(
+    decode: Callable[[T], R], rows: Iterable[T], run_id: Callable[[T], UUID]
+) -> tuple[list[R], dict[UUID, str]]:
+    """`decode` of each row that can be decoded, and why the others cannot, by run id: what
+    `verify` compares and what it reports as unreadable (ADR 0066)."""
+    decoded: list[R] = []
+    unreadable: dict[UUID, str] = {}
+    for row in rows:
+        try:
+            decoded.append(decode(row))
+        except UNREADABLE_ROW as error:
+            unreadable[run_id(row)] = error_reason(error)
+    return decoded, unreadable
 
 
 @lru_cache(maxsize=64)

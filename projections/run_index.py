@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from steptrail.domain.enums import RunStatus
@@ -112,6 +112,16 @@ class RunRow:
     @property
     def status(self) -> RunStatus:
         return self.state.status
+
+
+class IndexRange(NamedTuple):
+    """One keyset range of run ids as `verify` compares it: the live rows that could be
+    decoded, the rows rebuilt from the log, and why each live row that could not be decoded
+    cannot, by run id (ADR 0066)."""
+
+    live: list[RunRow]
+    rebuilt: list[RunRow]
+    unreadable: dict[UUID, str]
 
 
 def row_after(previous: RunRow | None, state: RunState, at: datetime) -> RunRow:

@@ -22,13 +22,13 @@ from steptrail.projections.reporting import (
     normalise_dead_letter,
     normalise_summary,
 )
-from steptrail.projections.run_index import RunRow, normalise
+from steptrail.projections.run_index import IndexRange, normalise
 
 REBUILDABLE = ("all", "run-index", "reporting")
 
 
 class IndexStore(Protocol):
-    def index_ranges(self, batch: int = ...) -> Iterator[tuple[list[RunRow], list[RunRow]]]: ...
+    def index_ranges(self, batch: int = ...) -> Iterator[IndexRange]: ...
     def rebuild_index(
         self, progress: Callable[[int], None] | None = None, *, batch: int = ...
     ) -> int: ...
@@ -90,10 +90,14 @@ def verify_index(store: IndexStore, *, batch: int | None = None) -> list[str]:
     `batch` bounds a range (the store's default if None)."""
     problems: list[str] = []
     ranges = store.index_ranges() if batch is None else store.index_ranges(batch)
-    for index, from_log in ranges:
+    for index, from_log, unreadable in ranges:
         live = {r.run_id: normalise(r) for r in index}
-        rebuilt = {r.run_id: normalise(r) for r in from_log}
+        rebuilt = {r.run_id: normalise(r) for r in from_log if r.run_id not in unreadable}
         problems += differences("run index", live, rebuilt)
+        problems += [
+            f"run index {run_id}: the live row cannot be read ({why})"
+            for run_id, why in unreadable.items()
+        ]
     return sorted(problems)
 
 

@@ -99,6 +99,7 @@ def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> I
         StoreUnavailable,
         UnknownRun,
         UnreadableEvent,
+        UnreadableRun,
     )
     from steptrail.domain.limits import PayloadRejected
     from steptrail.infrastructure.factory import ReadOnlyStore
@@ -116,6 +117,7 @@ def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> I
         DigestMismatch,
         CorruptResumableState,
         UnreadableEvent,
+        UnreadableRun,
         ReadOnlyStore,
     ) as error:
         fail(str(error), 1)

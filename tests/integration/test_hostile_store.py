@@ -14,8 +14,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from typer.testing import CliRunner
 
-from steptrail.domain.errors import UnreadableEvent
+from steptrail.cli import cli
+from steptrail.domain.errors import UnreadableEvent, UnreadableRun
 from steptrail.domain.run import Run
 from steptrail.infrastructure.codec import CLIPPED
 from steptrail.infrastructure.factory import SchemaMissing, open_store
@@ -236,3 +238,89 @@ def test_metrics_serve__scrapes_only_read(runtime: Runtime) -> None:
         thread.join(timeout=5)
         server.server_close()
     project_until(runtime, lambda: queued() == 2)  # the second run was left unfolded
+
+
+# -- a run whose row in the run index cannot be read (ADR 0066) ------------------------------
+
+
+def damage_row(rt: Runtime, run_id: uuid.UUID) -> None:
+    """Overwrite a run's document in the run index with JSON that is not an object."""
+    if rt.backend == "postgres":
+        with psycopg.connect(rt.store.url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE steptrail_runs SET doc = '\"damaged\"'::jsonb WHERE run_id = %s",
+                (run_id,),
+            )
+        return
+    with rt.store.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:  # type: ignore[union-attr]
+        cur.execute("UPDATE steptrail_runs SET doc = '\"damaged\"' WHERE run_id = ?", (run_id.hex,))
+
+
+def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if event in r.getMessage()]
+
+
+def test_unreadable_row__the_run_is_read_from_its_log(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged row does not fail the listing, `show`, or the claim batch it is in: each
+    reads that run from its log (and says so); a worker runs it with the rest, its next
+    append writes the row again, and `verify` reports the row until then."""
+    ids = [runtime.enqueue("scripted", {"steps": 1}) for _ in range(4)]
+    bad = ids[2]
+    damage_row(runtime, bad)
+    with caplog.at_level("WARNING", logger="steptrail"):
+        assert {r.run_id for r in runtime.runs()} == set(ids)
+        assert runtime.get(bad).state.status.value == "queued"
+    (warning, *_) = logged(caplog, "run_row_unreadable")
+    assert str(bad) in warning
+    (problem,) = runtime.verify("run-index")
+    assert f"run index {bad}: the live row cannot be read" in problem
+    report = runtime.work(concurrency=4, burst=True)
+    assert report.outcomes.get("completed") == 4
+    assert {runtime.get(i).state.status.value for i in ids} == {"completed"}
+    assert runtime.verify("run-index") == []
+
+
+def test_unreadable_run__claims_and_reaping_go_on_without_it(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run whose row and log both cannot be read is left out of the claim batch and the
+    reaper's pass that find it (and logged), instead of failing them: the other runs of the
+    batch are run, the other stale runs reaped; reading it names it."""
+    runtime = make_runtime(db_url, lease_seconds=0.5)
+    try:
+        lost = runtime.enqueue("scripted", {"steps": 1})
+        damage_row(runtime, lost)
+        corrupt(runtime, lost, 1)
+        ids = [runtime.enqueue("scripted", {"steps": 1}) for _ in range(3)]
+        with caplog.at_level("ERROR", logger="steptrail"):
+            report = runtime.work(concurrency=4, burst=True)
+        assert report.outcomes.get("completed") == 3
+        assert {runtime.get(i).state.status.value for i in ids} == {"completed"}
+        assert any(str(lost) in m for m in logged(caplog, "run_unreadable_skipped"))
+        with pytest.raises(UnreadableRun, match=f"run {lost}: its row in the run index"):
+            runtime.get(lost)
+        with pytest.raises(UnreadableRun, match=f"run {lost}"):
+            runtime.runs()
+
+        # Two more stale runs beside it: one readable, one whose row alone is damaged.
+        stale = [runtime.enqueue("scripted", {"steps": 1}) for _ in range(2)]
+        for _ in stale:
+            assert runtime.store.claim(holder="worker:dead", lease_ms=1, agents=["scripted"])
+        damage_row(runtime, stale[1])
+        time.sleep(0.6)  # the lost run's lease (0.5 s, from the worker's claim) has run out
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="steptrail"):
+            reaped = runtime.reap()
+        assert reaped.requeued == 2
+        assert {r["run_id"] for r in reaped.runs} == {str(s) for s in stale}
+        assert any(str(lost) in m for m in logged(caplog, "run_unreadable_skipped"))
+        assert {runtime.get(s).state.status.value for s in stale} == {"queued"}
+
+        args = ["--database-url", runtime.settings.database_url, "show", str(lost)]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1
+        assert f"run {lost}: its row in the run index cannot be read" in result.output
+    finally:
+        runtime.close()
