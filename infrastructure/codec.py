@@ -28,8 +28,11 @@ from steptrail.infrastructure.logging import steptrail_logger
 CLIPPED = f"…[nested deeper than {MAX_DEPTH} levels: not shown]"
 
 
-class UnknownTopic(LookupError):
-    """The log holds an event whose topic this version of steptrail does not know."""
+class UnknownTopic(UnreadableEvent):
+    """The log holds an event whose topic this version of steptrail does not know: written
+    by a newer steptrail (a rolling upgrade, a downgrade) or by hand. Every reader treats it
+    as it treats any event it cannot decode: `show` and `verify` name the run and version
+    (exit 1), the projection runner stops before it and keeps trying (ADR 0066)."""
 
 
 def encode_event(event: RunEvent) -> tuple[str, bytes]:
@@ -62,7 +65,10 @@ def decode_event(topic: str, state: bytes, *, where: str = "an event") -> RunEve
     try:
         cls = EVENT_TYPES[topic]
     except KeyError:
-        raise UnknownTopic(topic) from None
+        raise UnknownTopic(
+            f"{where} cannot be read: its topic {topic!r} is not one this version of "
+            "steptrail knows (written by a newer version?)"
+        ) from None
     try:
         if cls.VERSION == 1 and b'"_v"' not in state:
             return cls.model_validate_json(state)

@@ -4,6 +4,7 @@ every earlier version, vacuum after purge, metrics scrapes that only read. Both 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import urllib.request
@@ -324,3 +325,42 @@ def test_unreadable_run__claims_and_reaping_go_on_without_it(
         assert f"run {lost}: its row in the run index cannot be read" in result.output
     finally:
         runtime.close()
+
+
+def retopic(rt: Runtime, run_id: uuid.UUID, version: int, topic: str) -> None:
+    """Give one stored event a topic this steptrail does not know (as a newer one writes)."""
+    if rt.backend == "postgres":
+        with psycopg.connect(rt.store.url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE steptrail_events SET topic = %s "
+                "WHERE originator_id = %s AND originator_version = %s",
+                (topic, run_id, version),
+            )
+        return
+    with rt.store.datastore.get_connection(commit=True) as conn, conn.cursor() as cur:  # type: ignore[union-attr]
+        cur.execute(
+            "UPDATE steptrail_events SET topic = ? WHERE originator_id = ? "
+            "AND originator_version = ?",
+            (topic, run_id.hex, version),
+        )
+
+
+def test_unknown_topic__readers_name_the_event(runtime: Runtime) -> None:
+    """An event whose topic this version does not know (written by a newer one) is reported
+    like any unreadable event, naming its run, version and topic: `show` and `verify` exit 1
+    with one line instead of a traceback; other runs still show."""
+    ids = [runtime.enqueue("scripted", {"steps": 1}) for _ in range(2)]
+    runtime.work(concurrency=2, burst=True)
+    retopic(runtime, ids[0], 2, "steptrail.run.FromANewerVersion")
+    expected = (
+        f"event 2 of run {ids[0]} cannot be read: its topic 'steptrail.run.FromANewerVersion'"
+    )
+    with pytest.raises(UnreadableEvent, match=re.escape(expected)):
+        runtime.history(ids[0])
+    assert len(runtime.history(ids[1])) == 4
+    url = runtime.settings.database_url
+    for args in (["show", str(ids[0])], ["verify", "run-index"]):
+        result = CliRunner().invoke(cli, ["--database-url", url, *args])
+        assert result.exit_code == 1, (args, result.output)
+        assert expected in result.output
+        assert "Traceback" not in result.output
