@@ -45,6 +45,7 @@ from steptrail.infrastructure.store_base import (
     REBUILD_RANGE,
     REQUEST,
     ClaimsOne,
+    LookedPast,
     after,
     claimed_event,
     encoded_events,
@@ -262,6 +263,8 @@ class PostgresRunStore(ClaimsOne):
         # Rows purged since the last after_purge: what its VACUUM will find (ADR 0065).
         self._purged_lock = threading.Lock()
         self._purged_rows = 0
+        # Runs unreadable both ways the reaper's scan looks past for a while (ADR 0066).
+        self._looked_past = LookedPast()
         # The pool logs every failed connection attempt as a warning while it retries; what
         # fails is raised to the caller instead (the eventsourcing library's levels, kept).
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
@@ -592,12 +595,14 @@ class PostgresRunStore(ClaimsOne):
     def stale(self, limit: int) -> list[Run]:
         """Running runs whose lease expired, judged after every write already queued has
         landed (ADR 0016): a renewal that waited on a lock is not mistaken for a dead worker."""
+        past = self._looked_past.remembered()
         with self._connection() as conn, conn.transaction():
             conn.execute(self.q["lock_for_reaper"])
-            rows = conn.execute(self.q["select_stale"], {"limit": limit}, prepare=True).fetchall()
+            params = {"limit": limit + len(past)}
+            rows = conn.execute(self.q["select_stale"], params, prepare=True).fetchall()
         # Decoded after the scan's transaction (and its SHARE lock) ended: a row that must be
         # read from the log instead (ADR 0066) holds no writer back.
-        return skip_unreadable(self._run, rows)
+        return self._looked_past.scan(rows, lambda r: r["run_id"], self._run, past, limit)
 
     def history(
         self, run_id: UUID, *, first: int = 1, limit: int | None = None

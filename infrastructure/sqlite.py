@@ -40,6 +40,7 @@ from steptrail.infrastructure.store_base import (
     REQUEST,
     RESUMABLE,
     ClaimsOne,
+    LookedPast,
     ReadOnlyStore,
     after,
     claimed_event,
@@ -543,6 +544,8 @@ class SQLiteRunStore(ClaimsOne):
         self._handover_timeout = handover_timeout
         self._commits = 0  # since the checkpointer was last woken (under _writer_mutex)
         self._checkpointer = _Checkpointer(self.db_name)
+        # Runs unreadable both ways the reaper's scan looks past for a while (ADR 0066).
+        self._looked_past = LookedPast()
         with _WAKERS_LOCK:
             self._woken = _WAKERS.setdefault(self.db_name, threading.Event())
         try:
@@ -980,13 +983,14 @@ class SQLiteRunStore(ClaimsOne):
         inside it so that a renewal that got the lock first is seen (ADR 0016). Judged at
         the request, not at the grant (ADR 0049): a renewal that waited behind this pass was
         sent while its lease still ran, and is not judged by a clock that moved on meanwhile."""
+        past = self._looked_past.remembered()
         asked = self.now_us()
         with self._write() as (cur, _):
-            cur.execute(self.q["select_stale"], {"now": asked, "limit": limit})
+            cur.execute(self.q["select_stale"], {"now": asked, "limit": limit + len(past)})
             rows = cur.fetchall()
         # Decoded once the write lock is released: a row read from the log instead (ADR
         # 0066) holds no writer back.
-        return skip_unreadable(self._run, rows)
+        return self._looked_past.scan(rows, lambda r: UUID(r["run_id"]), self._run, past, limit)
 
     def history(
         self, run_id: UUID, *, first: int = 1, limit: int | None = None

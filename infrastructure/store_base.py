@@ -4,6 +4,8 @@ into runs, so the SQL is the only thing that differs between them."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -126,6 +128,67 @@ def skip_unreadable(decode: Callable[[T], R], items: Iterable[T]) -> list[R]:
         except UnreadableRun as error:
             steptrail_logger().error("run_unreadable_skipped", error=str(error))
     return decoded
+
+
+class LookedPast:
+    """Runs unreadable both ways that the reaper's scan found, remembered for a while so
+    that later passes look past them (ADR 0066).
+
+    The scan returns the oldest stale leases first, and such a run stays at the head of that
+    order: without this, `limit` of them would fill every pass and no other stale run would be
+    reaped. A pass asks for `limit` more rows than it remembers and drops the remembered ones
+    before decoding, so they cost neither a read of their log nor a log line. Each is tried
+    (and logged) again once `ttl_s` has passed: a newer steptrail or an operator may have
+    dealt with it. At most `most` are remembered (a pass then asks for at most that many
+    more rows); the ones that would go over are tried at every pass, as before.
+    """
+
+    def __init__(self, ttl_s: float = 300.0, most: int = 1000) -> None:
+        self._ttl_s = ttl_s
+        self._most = most
+        self._until: dict[UUID, float] = {}
+        self._lock = threading.Lock()
+
+    def remembered(self) -> frozenset[UUID]:
+        """The run ids to look past now (forgetting those whose time is up)."""
+        now = time.monotonic()
+        with self._lock:
+            for run_id in [r for r, until in self._until.items() if until <= now]:
+                del self._until[run_id]
+            return frozenset(self._until)
+
+    def add(self, run_id: UUID) -> None:
+        with self._lock:
+            if len(self._until) < self._most:
+                self._until[run_id] = time.monotonic() + self._ttl_s
+
+    def scan(
+        self,
+        rows: Sequence[T],
+        run_id: Callable[[T], UUID],
+        decode: Callable[[T], R],
+        past: frozenset[UUID],
+        limit: int,
+    ) -> list[R]:
+        """Up to `limit` of `rows` decoded, leaving out the ones in `past` (read before this
+        scan asked for its rows) and those unreadable both ways (logged, then remembered)."""
+        decoded: list[R] = []
+        for row in rows:
+            if len(decoded) == limit:
+                break
+            key = run_id(row)
+            if key in past:
+                continue
+            try:
+                decoded.append(decode(row))
+            except UnreadableRun as error:
+                steptrail_logger().error(
+                    "run_unreadable_skipped",
+                    error=str(error),
+                    again_in_s=self._ttl_s,
+                )
+                self.add(key)
+        return decoded
 
 
 def split_unreadable(

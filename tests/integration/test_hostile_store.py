@@ -364,3 +364,33 @@ def test_unknown_topic__readers_name_the_event(runtime: Runtime) -> None:
         assert result.exit_code == 1, (args, result.output)
         assert expected in result.output
         assert "Traceback" not in result.output
+
+
+def test_unreadable_runs__the_reaper_looks_past_them(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs unreadable both ways hold the oldest stale leases and would fill every pass of
+    `limit` rows: the reaper remembers them for a while, asks for that many more rows, and
+    reaches the stale runs behind them; each is logged once, not at every pass."""
+    ids = [runtime.enqueue("scripted", {"steps": 1}) for _ in range(4)]
+    for run_id in ids:
+        claimed = runtime.store.claim(holder="worker:dead", lease_ms=1, agents=["scripted"])
+        assert claimed is not None
+        assert claimed.run.id == run_id
+        time.sleep(0.02)  # leases expire in this order
+    *lost, good = ids
+    for run_id in lost:
+        damage_row(runtime, run_id)
+        corrupt(runtime, run_id, 1)
+    time.sleep(0.02)
+    reaper = runtime.reaper()
+    passes = []
+    with caplog.at_level("ERROR", logger="steptrail"):
+        for _ in range(3):
+            caplog.clear()
+            report = reaper.reap_once(2)
+            skipped = logged(caplog, "run_unreadable_skipped")
+            named = {r for r in lost if any(str(r) in m for m in skipped)}
+            passes.append((report.requeued, named))
+    assert passes == [(0, set(lost[:2])), (1, {lost[2]}), (0, set())]
+    assert runtime.get(good).state.status.value == "queued"
