@@ -117,16 +117,22 @@ def readable_run(
     return run
 
 
-def skip_unreadable(decode: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """`decode` of each item, leaving out (and logging) those that raise `UnreadableRun`: a
-    worker's claim or a reaper's pass goes on with the runs it can read, instead of one bad
-    run failing every batch it is in (ADR 0066)."""
+def skip_unreadable(
+    decode: Callable[[T], R],
+    items: Iterable[T],
+    skipped: Callable[[T], None] | None = None,
+) -> list[R]:
+    """`decode` of each item, leaving out (logged, and passed to `skipped`) those that raise
+    `UnreadableRun`: a worker's claim or a reaper's pass goes on with the runs it can read,
+    instead of one bad run failing every batch it is in (ADR 0066)."""
     decoded = []
     for item in items:
         try:
             decoded.append(decode(item))
         except UnreadableRun as error:
             steptrail_logger().error("run_unreadable_skipped", error=str(error))
+            if skipped is not None:
+                skipped(item)
     return decoded
 
 
@@ -170,25 +176,10 @@ class LookedPast:
         past: frozenset[UUID],
         limit: int,
     ) -> list[R]:
-        """Up to `limit` of `rows` decoded, leaving out the ones in `past` (read before this
-        scan asked for its rows) and those unreadable both ways (logged, then remembered)."""
-        decoded: list[R] = []
-        for row in rows:
-            if len(decoded) == limit:
-                break
-            key = run_id(row)
-            if key in past:
-                continue
-            try:
-                decoded.append(decode(row))
-            except UnreadableRun as error:
-                steptrail_logger().error(
-                    "run_unreadable_skipped",
-                    error=str(error),
-                    again_in_s=self._ttl_s,
-                )
-                self.add(key)
-        return decoded
+        """The first `limit` of `rows` not in `past` (read before this scan asked for its
+        rows), decoded; those unreadable both ways are left out, logged and remembered."""
+        fresh = [row for row in rows if run_id(row) not in past][:limit]
+        return skip_unreadable(decode, fresh, lambda row: self.add(run_id(row)))
 
 
 def split_unreadable(
