@@ -439,24 +439,23 @@ RAW_INSERT = (
 )
 
 
-class RawQueueDrain:
-    """One process of C threads, each with its own autocommit connection, looping
-    claim (one statement, SKIP LOCKED) → settle (one statement) until the queue is empty."""
+class ThreadedDrain:
+    """One process of C threads, each looping `step(conn)` on its own autocommit connection
+    until it returns 0; `work` reports how many runs they settled."""
 
     def __init__(self, url: str, concurrency: int) -> None:
         self.connections = [
             psycopg.connect(url, autocommit=True, connect_timeout=5) for _ in range(concurrency)
         ]
-        self.holder = holder_name("raw")
+
+    def step(self, conn: psycopg.Connection[Any]) -> int:
+        """Claim and settle; the number of runs settled (0: nothing was left)."""
+        raise NotImplementedError
 
     def _loop(self, conn: psycopg.Connection[Any], counts: list[int]) -> None:
         done = 0
-        while True:
-            row = conn.execute(RAW_CLAIM, {"holder": self.holder}, prepare=True).fetchone()
-            if row is None:
-                break
-            conn.execute(RAW_SETTLE, {"id": row[0]}, prepare=True)
-            done += 1
+        while settled := self.step(conn):
+            done += settled
         counts.append(done)
 
     def work(self) -> dict[str, Any]:
@@ -469,12 +468,28 @@ class RawQueueDrain:
         for thread in threads:
             thread.join()
         if len(counts) != len(threads):
-            raise BenchError("a raw queue thread died")
+            raise BenchError(f"a {type(self).__name__} thread died")
         return {"done": sum(counts)}
 
     def close(self) -> None:
         for conn in self.connections:
             conn.close()
+
+
+class RawQueueDrain(ThreadedDrain):
+    """C threads looping claim (one statement, SKIP LOCKED) → settle (one statement) until
+    the queue is empty."""
+
+    def __init__(self, url: str, concurrency: int) -> None:
+        super().__init__(url, concurrency)
+        self.holder = holder_name("raw")
+
+    def step(self, conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(RAW_CLAIM, {"holder": self.holder}, prepare=True).fetchone()
+        if row is None:
+            return 0
+        conn.execute(RAW_SETTLE, {"id": row[0]}, prepare=True)
+        return 1
 
 
 def bench_raw_postgres(url: str, cfg: Config) -> dict[str, float]:
