@@ -25,16 +25,24 @@ per run of the client processes and of the server's backends:
 * ``procrastinate``: Procrastinate 3.10 draining N no-op async tasks, as `bench/run.py`
   runs it (needs the `bench` extra).
 
+And the step append the same way, K appends from one thread each:
+
+* ``insert``: a bare single-row INSERT loop (autocommit): `bench/run.py`'s.
+* ``append_statement``: steptrail's step-append statement (`append_one`, one event), sent K
+  times for one claimed run with its parameters made once; only the expected version moves.
+* ``append``: `Run.record_step` + `store.append`, as `bench/run.py` times it.
+
 So ``statements / raw_log`` is what steptrail's schema and functions cost the server
 (indexes, the run document, the fence), and ``worker / statements`` what the worker's code
 costs per run, and ``statements / procrastinate`` how far ahead of Procrastinate steptrail
 could be if its worker cost nothing. On a machine where the server shares the cores with the
 workers, throughput follows total CPU per run.
 
-    python bench/floor.py                       # N=3000, 3 rounds: about a minute
+    python bench/floor.py                       # N=3000, K=2000, 3 rounds: 1-2 minutes
     python bench/floor.py --runs 5000 --rounds 5 --json floor.json
 
-Every round recreates each database; the order of the variants rotates from round to round.
+Every round recreates each database; the order of the variants rotates from round to round
+(`--variants` picks some; the ratios of those present are reported).
 The databases (`steptrail_floor_*`) are dropped at the end.
 """
 
@@ -48,6 +56,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 from psycopg.rows import dict_row
@@ -56,6 +65,7 @@ from run import (
     DB_PROCRASTINATE,
     DEFAULT_PG,
     PAYLOAD_BYTES,
+    RAW_INSERT,
     RAW_SCHEMA,
     BenchError,
     Config,
@@ -76,11 +86,14 @@ from run import (
 
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.ports import ClaimRequest
+from steptrail.domain.run import Run
 from steptrail.infrastructure.postgres import PostgresRunStore, _claim_params
-from steptrail.runtime import open_runtime
+from steptrail.runtime import Runtime, open_runtime
 from steptrail.workers.holders import holder_name
 
-VARIANTS = ("raw", "raw_log", "raw_log_batched", "statements", "worker", "procrastinate")
+DRAINS = ("raw", "raw_log", "raw_log_batched", "statements", "worker", "procrastinate")
+APPENDS = ("insert", "append_statement", "append")
+VARIANTS = DRAINS + APPENDS
 DB_PREFIX = "steptrail_floor_"
 
 LOG_SCHEMA = """
@@ -260,7 +273,65 @@ def _check_log(url: str, runs: int) -> None:
         raise BenchError(f"the statements variant left {row} completed runs/events")
 
 
+def _claimed_run(runtime: Runtime) -> Run:
+    runtime.enqueue(AGENT, {"steps": 10_000})
+    claimed = runtime.store.claim(holder=holder_name("floor"), lease_ms=3_600_000, agents=[AGENT])
+    if claimed is None:
+        raise BenchError("the append benchmark's run could not be claimed")
+    return claimed.run
+
+
+def _record(run: Run, k: int) -> None:
+    run.record_step(
+        kind="llm", name=f"think-{k}", duration_ms=0, payload=step_payload(k), tokens=10, cost=0
+    )
+
+
+def append_rate(variant: str, url: str, k: int) -> float:
+    """Appends per second from one thread: a bare INSERT (`bench/run.py`'s), steptrail's
+    step-append statement sent K times with its parameters made once (only the expected
+    version moves), or `Run.record_step` + `store.append` as `bench/run.py` times them."""
+    if variant == "insert":
+        payload = os.urandom(PAYLOAD_BYTES)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(RAW_SCHEMA)
+            run_id = uuid4()
+            started = time.perf_counter()
+            for v in range(1, k + 1):
+                conn.execute(
+                    RAW_INSERT, {"run_id": run_id, "v": v, "payload": payload}, prepare=True
+                )
+            return k / (time.perf_counter() - started)
+    with open_runtime(settings=steptrail_settings(url)) as runtime:
+        store = runtime.store
+        if not isinstance(store, PostgresRunStore):
+            raise BenchError("the append variants need the PostgreSQL store")
+        run = _claimed_run(runtime)
+        if variant == "append":
+            started = time.perf_counter()
+            for i in range(1, k + 1):
+                _record(run, i)
+                store.append(run)
+            return k / (time.perf_counter() - started)
+        _record(run, 1)
+        name, params = store.append_statement(run)
+        query, first = store.q[name], run.committed_version
+        with psycopg.connect(url, autocommit=True) as conn:
+            started = time.perf_counter()
+            for i in range(k):
+                params["expected"], params["version"] = first + i, first + i + 1
+                conn.execute(query, params, prepare=True)
+            rate = k / (time.perf_counter() - started)
+        moved = store.load(run.id)
+        if moved is None or moved.version != first + k:
+            raise BenchError("the append statement did not move the run to its last version")
+        return rate
+
+
 def one_variant(variant: str, cfg: Config) -> dict[str, float]:
+    if variant in APPENDS:
+        url = recreate_database(cfg.pg, DB_PREFIX + variant)
+        return {"rate": append_rate(variant, url, cfg.appends)}
     if variant == "procrastinate":  # bench/run.py's drain, its defer rate left out
         figures = bench_procrastinate(recreate_database(cfg.pg, DB_PROCRASTINATE), cfg)
         return {k: v for k, v in figures.items() if k != "enqueue"}
@@ -300,6 +371,9 @@ def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
         v: {k: statistics.median(r[v][k] for r in rounds) for k in rounds[0][v]} for v in rounds[0]
     }
     pairs = [
+        ("append_statement", "insert"),
+        ("append", "insert"),
+        ("append", "append_statement"),
         ("raw_log", "raw"),
         ("raw_log_batched", "raw_log"),
         ("statements", "raw_log"),
@@ -312,7 +386,8 @@ def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     ratios = {}
     for a, b in pairs:
         if a in figures and b in figures:
-            per_round = [r[a]["drain"] / r[b]["drain"] for r in rounds]
+            key = "rate" if a in APPENDS else "drain"
+            per_round = [r[a][key] / r[b][key] for r in rounds]
             ratios[f"{a} / {b}"] = {
                 "median": statistics.median(per_round),
                 "min": min(per_round),
@@ -328,7 +403,9 @@ def markdown(summary: dict[str, Any], cfg: Config) -> str:
         "| variant | runs/s | client CPU ms/run | server CPU ms/run | total |",
         "|---|---:|---:|---:|---:|",
     ]
-    for variant, f in summary["figures"].items():
+    drains = {v: f for v, f in summary["figures"].items() if v in DRAINS}
+    appends = {v: f for v, f in summary["figures"].items() if v in APPENDS}
+    for variant, f in drains.items():
         server = f.get("server_cpu_ms")
         total = f.get("cpu_ms")
         lines.append(
@@ -336,7 +413,10 @@ def markdown(summary: dict[str, Any], cfg: Config) -> str:
             f"{'-' if server is None else f'{server:.3f}'} | "
             f"{'-' if total is None else f'{total:.3f}'} |"
         )
-    lines += ["", "| drain ratio | median | min - max |", "|---|---:|---:|"]
+    if appends:
+        lines += ["", f"| appends from one thread (K={cfg.appends}) | per second |", "|---|---:|"]
+        lines += [f"| {variant} | {f['rate']:,.0f} |" for variant, f in appends.items()]
+    lines += ["", "| ratio | median | min - max |", "|---|---:|---:|"]
     for name, r in summary["ratios"].items():
         lines.append(f"| {name} | {r['median']:.2f}x | {r['min']:.2f} - {r['max']:.2f} |")
     return "\n".join(lines)
@@ -351,6 +431,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--processes", "-p", type=int, default=2)
     parser.add_argument("--concurrency", "-c", type=int, default=4)
     parser.add_argument("--rounds", "-r", type=int, default=3)
+    parser.add_argument("--appends", "-k", type=int, default=2000, help="appends per variant")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {VARIANTS}"
     )
@@ -361,12 +442,12 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    if args.runs < 1 or args.processes < 1 or args.concurrency < 1 or args.rounds < 1:
-        parser.error("--runs, --processes, --concurrency and --rounds must be at least 1")
+    if min(args.runs, args.processes, args.concurrency, args.rounds, args.appends) < 1:
+        parser.error("--runs, --processes, --concurrency, --rounds, --appends must be >= 1")
     args.variants = variants
     cfg = Config(
         runs=args.runs,
-        appends=0,
+        appends=args.appends,
         processes=args.processes,
         concurrency=args.concurrency,
         rounds=args.rounds,
@@ -394,9 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             for variant in order:
                 started = time.monotonic()
                 figures[variant] = one_variant(variant, cfg)
+                rate = figures[variant].get("drain", figures[variant].get("rate", 0.0))
                 print(
-                    f"round {index + 1}/{cfg.rounds} {variant}: "
-                    f"{figures[variant]['drain']:,.0f} runs/s "
+                    f"round {index + 1}/{cfg.rounds} {variant}: {rate:,.0f}/s "
                     f"({time.monotonic() - started:.0f} s)",
                     file=sys.stderr,
                     flush=True,
