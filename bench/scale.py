@@ -19,6 +19,12 @@ runs), in one invocation:
    (`python -m steptrail …`): wall time and peak RSS (`wait4`'s ru_maxrss).
 6. **Purge** of the `--purge` old runs: time per run; and the database's size per run.
 
+With `--rounds R` (R > 1) steps 2-4 and 6 run R times per size, each time on a fresh copy
+of the built database (PostgreSQL `CREATE DATABASE … TEMPLATE`, SQLite's online backup), and
+their medians are reported: on a shared machine one slow moment otherwise decides a ratio
+(`bench/scale_phases.py` does the same on kept templates, sizes alternating). The
+maintenance commands run once, on the built database.
+
 Then a table per backend: each figure at each size and the ratio largest / smallest size.
 Everything runs in one process per backend and size, one after the other; nothing else of
 this script runs meanwhile. Database names are unique to this process
@@ -28,6 +34,7 @@ removed at the end unless `--keep`.
     python bench/scale.py --sizes 10000,100000            # both backends, a few minutes
     python bench/scale.py                                  # 10k and 1M: long (see README)
     python bench/scale.py --backends sqlite --sizes 10000,1000000 --json out.json
+    python bench/scale.py --backends postgres --rounds 3      # short phases: medians of 3
 """
 
 from __future__ import annotations
@@ -37,13 +44,14 @@ import json
 import os
 import platform
 import resource
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -300,31 +308,79 @@ def measure(url: str, size: int, cfg: argparse.Namespace, say: Callable[[str], N
         figures["verify_clean"] = checked["code"] == 0
         if checked["code"] != 0:
             say(f"  verify: exit {checked['code']}: {checked.get('tail', '')}")
-        say(f"{rt.backend} {size:,}: hot path, reaper, reads")
-        figures.update(hot_path(rt, cfg.runs, cfg.concurrency))
-        figures.update(reaper(rt, cfg.stale))
-        figures.update(reads(rt, env, cfg.repeat))
-        # Purge before the rebuilds: `rebuild reporting` rewrites every summary, and the
-        # VACUUM after a purge (`after_purge`) would then clean up a whole table's dead rows
-        # of the rebuild's, a cost that grows with the history and is not the purge's.
-        say(f"{rt.backend} {size:,}: purge")
-        figures.update(purge(rt))
-        say(f"{rt.backend} {size:,}: rebuild")
-        for view in ("run-index", "reporting"):
-            done = timed_subprocess(["rebuild", view], env, cfg.timeout)
-            key = view.replace("-", "_")
-            figures[f"rebuild_{key}_s"], figures[f"rebuild_{key}_rss_mb"] = (
-                done["s"],
-                done["rss_mb"],
-            )
-            if done["code"] != 0:
-                say(f"  rebuild {view}: exit {done['code']}: {done.get('tail', '')}")
+        backend = rt.backend
+    # The short phases change the database (runs added, reaped, purged), so repeated rounds
+    # each run on a fresh copy of the built one; a single round runs on the database itself.
+    if cfg.rounds == 1:
+        say(f"{backend} {size:,}: hot path, reaper, reads, purge")
+        figures.update(short_phases(url, cfg))
+    else:
+        rounds = []
+        for index in range(cfg.rounds):
+            with copied(url, cfg) as copy:
+                rounds.append(short_phases(copy, cfg))
+            say(f"{backend} {size:,}: round {index + 1}/{cfg.rounds}: "
+                f"{json.dumps({k: round(v, 4) for k, v in rounds[-1].items()})}")  # fmt: skip
+        figures["rounds"] = rounds
+        figures.update({key: statistics.median(r[key] for r in rounds) for key in rounds[0]})
+    say(f"{backend} {size:,}: rebuild")
+    for view in ("run-index", "reporting"):
+        done = timed_subprocess(["rebuild", view], env, cfg.timeout)
+        key = view.replace("-", "_")
+        figures[f"rebuild_{key}_s"], figures[f"rebuild_{key}_rss_mb"] = done["s"], done["rss_mb"]
+        if done["code"] != 0:
+            say(f"  rebuild {view}: exit {done['code']}: {done.get('tail', '')}")
     # Per run, net of a subprocess's start (`steptrail --help`: interpreter and imports).
     figures["cli_start_s"] = min(timed_subprocess(["--help"], env, 60)["s"] for _ in range(3))
     for key in ("verify", "rebuild_run_index", "rebuild_reporting"):
         net = max(0.0, figures[f"{key}_s"] - figures["cli_start_s"])
         figures[f"{key}_us_per_run"] = 1e6 * net / size
     return figures
+
+
+def short_phases(url: str, cfg: argparse.Namespace) -> dict[str, float]:
+    """The hot path, the reaper, the reads and the purge on the database at `url`, in that
+    order (the purge last: the reads' listing must see the old runs)."""
+    figures: dict[str, float] = {}
+    with open_runtime(settings=Settings(database_url=url, log_level="warning")) as rt:
+        figures.update(hot_path(rt, cfg.runs, cfg.concurrency))
+        figures.update(reaper(rt, cfg.stale))
+        figures.update(reads(rt, command_env(url), cfg.repeat))
+        figures.update(purge(rt))
+    return figures
+
+
+@contextmanager
+def copied(url: str, cfg: argparse.Namespace) -> Iterator[str]:
+    """A copy of the database at `url` (nothing may be connected to it), removed after:
+    PostgreSQL `CREATE DATABASE … TEMPLATE`, SQLite's online backup."""
+    if url.startswith("sqlite"):
+        source = Path(url.removeprefix("sqlite:///"))
+        target = source.with_name(f"{source.stem}-copy{source.suffix}")
+        with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+            src.backup(dst)
+        try:
+            yield f"sqlite:///{target}"
+        finally:
+            for p in target.parent.glob(target.name + "*"):
+                p.unlink()
+        return
+    original = url.rsplit("/", 1)[1]
+    name = f"{original}_copy"
+    _drop_database(cfg, name)
+    with psycopg.connect(f"{cfg.pg.rstrip('/')}/postgres", autocommit=True) as conn:
+        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}")
+        conn.execute(create.format(sql.Identifier(name), sql.Identifier(original)))
+    try:
+        yield f"{cfg.pg.rstrip('/')}/{name}"
+    finally:
+        _drop_database(cfg, name)
+
+
+def _drop_database(cfg: argparse.Namespace, name: str) -> None:
+    with psycopg.connect(f"{cfg.pg.rstrip('/')}/postgres", autocommit=True) as conn:
+        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        conn.execute(drop.format(sql.Identifier(name)))
 
 
 def purge(rt: Runtime, batch: int = 100) -> dict[str, float]:
@@ -371,18 +427,14 @@ def database(
                 p.unlink()
         return
     name = f"steptrail_scale_{os.getpid()}_{size}{tag}"
-    admin = f"{cfg.pg.rstrip('/')}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+    _drop_database(cfg, name)
+    with psycopg.connect(f"{cfg.pg.rstrip('/')}/postgres", autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         yield f"{cfg.pg.rstrip('/')}/{name}"
     finally:
         if not cfg.keep:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
+            _drop_database(cfg, name)
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -464,7 +516,7 @@ def table(backend: str, results: list[dict[str, Any]]) -> str:
     clean = ", ".join(f"{r['size']:,}: {'clean' if r.get('verify_clean') else 'NOT CLEAN'}"
                       for r in results)  # fmt: skip
     lines += ["", f"verify after the build: {clean}; purged: "
-              + ", ".join(f"{r.get('purged', 0):,}" for r in results)]  # fmt: skip
+              + ", ".join(f"{int(r.get('purged', 0)):,}" for r in results)]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -479,16 +531,31 @@ def main() -> int:
     parser.add_argument("--stale", type=int, default=1000, help="stale runs reaped")
     parser.add_argument("--purge", type=int, default=1000, help="old runs purged")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions of each read")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of the short phases (hot path, reaper, reads, purge), each on a copy of "
+        "the built database; their medians are reported",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="per maintenance command")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--json", type=Path, help="write every figure here")
     cfg = parser.parse_args()
+    if cfg.rounds < 1:
+        parser.error("--rounds must be at least 1")
     results, load, seconds = measure_sizes(cfg, "steptrail-scale-", measure)
     report = [
         f"Scale benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load "
         f"average {load[0]:.2f} at the start and {load[1]:.2f} at the end, "
         f"{seconds:.0f} s in all; hot path: {cfg.runs:,} runs, -c "
-        f"{cfg.concurrency}; reaper: {cfg.stale:,} stale runs; purge: {cfg.purge:,} runs.",
+        f"{cfg.concurrency}; reaper: {cfg.stale:,} stale runs; purge: {cfg.purge:,} runs"
+        + (
+            f"; these short phases: the median of {cfg.rounds} rounds, each on a copy of the"
+            " built database."
+            if cfg.rounds > 1
+            else "."
+        ),
         "",
     ]
     for backend, rows in results.items():
