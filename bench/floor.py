@@ -19,7 +19,10 @@ per run of the client processes and of the server's backends:
   their own connections, exactly as the store sends them, with parameters taken once from a
   real run of the `scripted` agent (one step, then complete); only the run id changes from
   run to run. No domain, worker or store code runs per run. Each settled run is checked to
-  have the log a worker would have written (versions 1-4).
+  have the log a worker would have written (versions 1-4). One run per claim.
+* ``statements_dispatched``: the same statements in the worker's shape: one connection per
+  process claims for all free slots in one statement (up to C) and hands each run to one of
+  C threads, which settles it on its own connection.
 * ``worker``: `Runtime.worker(concurrency=C, burst=True).run()` in each process, as
   `bench/run.py` runs it.
 * ``procrastinate``: Procrastinate 3.10 draining N no-op async tasks, as `bench/run.py`
@@ -51,8 +54,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,7 +96,15 @@ from steptrail.infrastructure.postgres import PostgresRunStore, _claim_params
 from steptrail.runtime import Runtime, open_runtime
 from steptrail.workers.holders import holder_name
 
-DRAINS = ("raw", "raw_log", "raw_log_batched", "statements", "worker", "procrastinate")
+DRAINS = (
+    "raw",
+    "raw_log",
+    "raw_log_batched",
+    "statements",
+    "statements_dispatched",
+    "worker",
+    "procrastinate",
+)
 APPENDS = ("insert", "append_statement", "append")
 VARIANTS = DRAINS + APPENDS
 DB_PREFIX = "steptrail_floor_"
@@ -226,6 +239,69 @@ class StatementsDrain(ThreadedDrain):
         return len(rows)
 
 
+class DispatchedStatementsDrain:
+    """statements_dispatched: the worker's shape without its code. One connection per
+    process claims for the free slots in one statement (up to C, as `Worker.run` does) and
+    hands each run to one of C threads, which settles it on its own connection."""
+
+    def __init__(self, url: str, concurrency: int, template: dict[str, Any]) -> None:
+        self.claimer = psycopg.connect(url, autocommit=True, connect_timeout=5)
+        self.claimer.row_factory = dict_row  # type: ignore[assignment]
+        self.settlers = [
+            psycopg.connect(url, autocommit=True, connect_timeout=5) for _ in range(concurrency)
+        ]
+        self.t = template
+        self.free = threading.Semaphore(concurrency)
+        self.handed: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.settled = 0
+        self.failed: list[str] = []
+        self.lock = threading.Lock()
+
+    def _settle(self, conn: psycopg.Connection[Any]) -> None:
+        while (run_id := self.handed.get()) is not None:
+            try:
+                conn.execute(
+                    self.t["settle_sql"], {**self.t["settle"], "run_id": run_id}, prepare=True
+                )
+            except psycopg.Error as error:
+                self.failed.append(str(error))
+            with self.lock:
+                self.settled += 1
+            self.free.release()
+
+    def work(self) -> dict[str, Any]:
+        threads = [threading.Thread(target=self._settle, args=(c,)) for c in self.settlers]
+        for thread in threads:
+            thread.start()
+        slots = len(self.settlers)
+        try:
+            while True:
+                self.free.acquire()  # at least one slot is free; take the others that are
+                free = 1
+                while free < slots and self.free.acquire(blocking=False):
+                    free += 1
+                params = {**self.t["claim"], "limit": free}
+                rows = self.claimer.execute(self.t["claim_sql"], params, prepare=True).fetchall()
+                for _ in range(free - len(rows)):
+                    self.free.release()
+                if not rows:
+                    break
+                for row in rows:
+                    self.handed.put(row["run_id"])
+        finally:
+            for _ in threads:
+                self.handed.put(None)
+            for thread in threads:
+                thread.join()
+        if self.failed:
+            raise BenchError(f"a settle failed: {self.failed[0]}")
+        return {"done": self.settled}
+
+    def close(self) -> None:
+        for conn in (self.claimer, *self.settlers):
+            conn.close()
+
+
 def settle_template(url: str) -> dict[str, Any]:
     """Run one `scripted` run through the store (claim, one step, complete) and keep the
     statements and parameters it sent for its claim and its settle."""
@@ -336,6 +412,7 @@ def one_variant(variant: str, cfg: Config) -> dict[str, float]:
         figures = bench_procrastinate(recreate_database(cfg.pg, DB_PROCRASTINATE), cfg)
         return {k: v for k, v in figures.items() if k != "enqueue"}
     name = DB_PREFIX + variant
+    template: dict[str, Any] | None = None  # the statements variants' claim and settle
     if variant in ("raw", "raw_log", "raw_log_batched"):
         url = recreate_database(cfg.pg, name)
         with psycopg.connect(url, autocommit=True) as conn:
@@ -349,18 +426,22 @@ def one_variant(variant: str, cfg: Config) -> dict[str, float]:
         args: tuple[Any, ...] = (url, cfg.concurrency)
     else:
         url = recreate_database(cfg.pg, name)
-        template = settle_template(url) if variant == "statements" else None
+        template = settle_template(url) if variant.startswith("statements") else None
         enqueue(url, cfg.runs)
-        if template is not None:
-            factory, args = StatementsDrain, (url, cfg.concurrency, template)
-        else:
+        if template is None:
             factory, args = SteptrailDrain, (url, cfg.concurrency)
+        else:
+            drains = {
+                "statements": StatementsDrain,
+                "statements_dispatched": DispatchedStatementsDrain,
+            }
+            factory, args = drains[variant], (url, cfg.concurrency, template)
     settle(url, cfg)
     drain = run_in_processes(factory, args, cfg, database=name)
     done = sum(r["done"] for r in drain.reports)
     if done != cfg.runs:
         raise BenchError(f"{variant}: {done} of {cfg.runs} runs settled")
-    if variant == "statements":
+    if template is not None:
         _check_log(url, cfg.runs)
     return drain.figures(cfg.runs)
 
@@ -378,9 +459,13 @@ def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
         ("raw_log_batched", "raw_log"),
         ("statements", "raw_log"),
         ("statements", "raw"),
+        ("statements_dispatched", "statements"),
         ("worker", "statements"),
+        ("worker", "statements_dispatched"),
         ("worker", "raw"),
         ("statements", "procrastinate"),
+        ("statements_dispatched", "raw"),
+        ("statements_dispatched", "procrastinate"),
         ("worker", "procrastinate"),
     ]
     ratios = {}
