@@ -61,7 +61,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import psycopg
 from psycopg.rows import dict_row
@@ -70,15 +69,17 @@ from run import (
     DB_PROCRASTINATE,
     DEFAULT_PG,
     PAYLOAD_BYTES,
-    RAW_INSERT,
     RAW_SCHEMA,
     BenchError,
     Config,
     RawQueueDrain,
     SteptrailDrain,
     ThreadedDrain,
+    append_steps,
+    bare_inserts,
     bench_procrastinate,
     check_postgres,
+    claimed_run,
     drop_database,
     environment,
     quiet_logging,
@@ -93,7 +94,7 @@ from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.ports import ClaimRequest
 from steptrail.domain.run import Run
 from steptrail.infrastructure.postgres import PostgresRunStore, _claim_params
-from steptrail.runtime import Runtime, open_runtime
+from steptrail.runtime import open_runtime
 from steptrail.workers.holders import holder_name
 
 DRAINS = (
@@ -302,6 +303,13 @@ class DispatchedStatementsDrain:
             conn.close()
 
 
+def _record_step(run: Run, k: int) -> None:
+    """Step k as the scripted agent records it (`bench/run.py`'s payload)."""
+    run.record_step(
+        kind="llm", name=f"think-{k}", duration_ms=0, payload=step_payload(k), tokens=10, cost=0
+    )
+
+
 def settle_template(url: str) -> dict[str, Any]:
     """Run one `scripted` run through the store (claim, one step, complete) and keep the
     statements and parameters it sent for its claim and its settle."""
@@ -309,17 +317,11 @@ def settle_template(url: str) -> dict[str, Any]:
         store = runtime.store
         if not isinstance(store, PostgresRunStore):
             raise BenchError("the statements variant needs the PostgreSQL store")
-        runtime.enqueue(AGENT, {"steps": 1})
+        run = claimed_run(runtime, 1)
         request = ClaimRequest(
-            holder=holder_name("floor"), lease_ms=runtime.settings.lease_ms, agents=(AGENT,)
+            holder=run.state.holder or "", lease_ms=runtime.settings.lease_ms, agents=(AGENT,)
         )
-        claimed = store.claim(holder=request.holder, lease_ms=request.lease_ms, agents=[AGENT])
-        if claimed is None:
-            raise BenchError("the template run could not be claimed")
-        run = claimed.run
-        run.record_step(
-            kind="llm", name="think-1", duration_ms=0, payload=step_payload(1), tokens=10, cost=0
-        )
+        _record_step(run, 1)
         run.complete(result={"steps": 1}, privacy=PrivacyLevel.METADATA)
         name, params = store.append_statement(run)
         store.append(run)
@@ -349,47 +351,22 @@ def _check_log(url: str, runs: int) -> None:
         raise BenchError(f"the statements variant left {row} completed runs/events")
 
 
-def _claimed_run(runtime: Runtime) -> Run:
-    runtime.enqueue(AGENT, {"steps": 10_000})
-    claimed = runtime.store.claim(holder=holder_name("floor"), lease_ms=3_600_000, agents=[AGENT])
-    if claimed is None:
-        raise BenchError("the append benchmark's run could not be claimed")
-    return claimed.run
-
-
-def _record(run: Run, k: int) -> None:
-    run.record_step(
-        kind="llm", name=f"think-{k}", duration_ms=0, payload=step_payload(k), tokens=10, cost=0
-    )
-
-
 def append_rate(variant: str, url: str, k: int) -> float:
     """Appends per second from one thread: a bare INSERT (`bench/run.py`'s), steptrail's
     step-append statement sent K times with its parameters made once (only the expected
     version moves), or `Run.record_step` + `store.append` as `bench/run.py` times them."""
     if variant == "insert":
-        payload = os.urandom(PAYLOAD_BYTES)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(RAW_SCHEMA)
-            run_id = uuid4()
-            started = time.perf_counter()
-            for v in range(1, k + 1):
-                conn.execute(
-                    RAW_INSERT, {"run_id": run_id, "v": v, "payload": payload}, prepare=True
-                )
-            return k / (time.perf_counter() - started)
+            return bare_inserts(conn, k)
     with open_runtime(settings=steptrail_settings(url)) as runtime:
+        if variant == "append":
+            return append_steps(runtime, k)
         store = runtime.store
         if not isinstance(store, PostgresRunStore):
             raise BenchError("the append variants need the PostgreSQL store")
-        run = _claimed_run(runtime)
-        if variant == "append":
-            started = time.perf_counter()
-            for i in range(1, k + 1):
-                _record(run, i)
-                store.append(run)
-            return k / (time.perf_counter() - started)
-        _record(run, 1)
+        run = claimed_run(runtime, 1)  # no agent runs it: its request does not matter
+        _record_step(run, 1)
         name, params = store.append_statement(run)
         query, first = store.q[name], run.committed_version
         with psycopg.connect(url, autocommit=True) as conn:

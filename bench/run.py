@@ -62,6 +62,7 @@ from psycopg import sql
 
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.privacy import filter_payload
+from steptrail.domain.run import Run
 from steptrail.infrastructure.logging import configure_logging
 from steptrail.infrastructure.settings import Settings
 from steptrail.runtime import Runtime, open_runtime
@@ -359,15 +360,20 @@ def enqueue_runs(runtime: Runtime, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
-def append_steps(runtime: Runtime, k: int) -> float:
-    """Claim one run, then time k x (record_step + store.append); returns appends/s."""
-    runtime.enqueue(AGENT, {"steps": k})
+def claimed_run(runtime: Runtime, steps: int) -> Run:
+    """A run of the `scripted` agent asking for `steps` steps, enqueued and claimed."""
+    runtime.enqueue(AGENT, {"steps": steps})
     claimed = runtime.store.claim(
         holder=holder_name("bench"), lease_ms=runtime.settings.lease_ms, agents=[AGENT]
     )
     if claimed is None:
-        raise BenchError("append benchmark: the run just enqueued could not be claimed")
-    run = claimed.run
+        raise BenchError("the run just enqueued could not be claimed")
+    return claimed.run
+
+
+def append_steps(runtime: Runtime, k: int) -> float:
+    """Claim one run, then time k x (record_step + store.append); returns appends/s."""
+    run = claimed_run(runtime, k)
     payloads = [step_payload(i) for i in range(1, k + 1)]
     started = time.perf_counter()
     for i, payload in enumerate(payloads, start=1):
@@ -504,12 +510,19 @@ def bench_raw_postgres(url: str, cfg: Config) -> dict[str, float]:
     drain = run_in_processes(RawQueueDrain, (url, cfg.concurrency), cfg, database=DB_RAW)
     _check_done("raw SKIP LOCKED", drain.reports, cfg.runs)
     with psycopg.connect(url, autocommit=True) as conn:
-        run_id = uuid4()
-        started = time.perf_counter()
-        for v in range(1, cfg.appends + 1):
-            conn.execute(RAW_INSERT, {"run_id": run_id, "v": v, "payload": payload}, prepare=True)
-        insert_rate = cfg.appends / (time.perf_counter() - started)
+        insert_rate = bare_inserts(conn, cfg.appends)
     return {"enqueue": enqueue_rate, **drain.figures(cfg.runs), "insert": insert_rate}
+
+
+def bare_inserts(conn: psycopg.Connection[Any], k: int) -> float:
+    """k single-row INSERTs of a ~200-byte payload into `bench_insert` (RAW_SCHEMA), each
+    its own transaction (`conn` in autocommit); returns inserts/s."""
+    payload = os.urandom(PAYLOAD_BYTES)
+    run_id = uuid4()
+    started = time.perf_counter()
+    for v in range(1, k + 1):
+        conn.execute(RAW_INSERT, {"run_id": run_id, "v": v, "payload": payload}, prepare=True)
+    return k / (time.perf_counter() - started)
 
 
 def bench_raw_sqlite(path: Path, k: int) -> float:

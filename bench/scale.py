@@ -362,8 +362,7 @@ def copied(url: str, cfg: argparse.Namespace) -> Iterator[str]:
         try:
             yield f"sqlite:///{target}"
         finally:
-            for p in target.parent.glob(target.name + "*"):
-                p.unlink()
+            _remove_sqlite(target)
         return
     original = url.rsplit("/", 1)[1]
     name = f"{original}_copy"
@@ -375,6 +374,12 @@ def copied(url: str, cfg: argparse.Namespace) -> Iterator[str]:
         yield f"{cfg.pg.rstrip('/')}/{name}"
     finally:
         _drop_database(cfg, name)
+
+
+def _remove_sqlite(path: Path) -> None:
+    """A SQLite database file and its -wal and -shm files."""
+    for p in path.parent.glob(path.name + "*"):
+        p.unlink()
 
 
 def _drop_database(cfg: argparse.Namespace, name: str) -> None:
@@ -423,8 +428,7 @@ def database(
         path = folder / f"scale-{size}{tag}.db"
         yield f"sqlite:///{path}"
         if not cfg.keep:
-            for p in folder.glob(path.name + "*"):
-                p.unlink()
+            _remove_sqlite(path)
         return
     name = f"steptrail_scale_{os.getpid()}_{size}{tag}"
     _drop_database(cfg, name)
