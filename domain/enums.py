@@ -12,6 +12,8 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     WAITING_FOR_APPROVAL = "waiting_for_approval"
     WAITING_FOR_INPUT = "waiting_for_input"
+    WAITING_FOR_TIMER = "waiting_for_timer"
+    WAITING_FOR_EVENT = "waiting_for_event"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -24,9 +26,23 @@ class RunStatus(StrEnum):
     def is_waiting(self) -> bool:
         return self in _WAITING
 
+    @property
+    def is_decidable(self) -> bool:
+        """Waiting for a person (approval or input), as opposed to a timer or a signal."""
+        return self in _DECIDABLE
+
 
 _TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
-_WAITING = frozenset({RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_INPUT})
+_WAITING = frozenset(
+    {
+        RunStatus.WAITING_FOR_APPROVAL,
+        RunStatus.WAITING_FOR_INPUT,
+        RunStatus.WAITING_FOR_TIMER,
+        RunStatus.WAITING_FOR_EVENT,
+    }
+)
+# The waits a person ends (approve, deny, input); the others end by time or by a signal.
+_DECIDABLE = frozenset({RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_INPUT})
 
 
 class TerminationReason(StrEnum):
@@ -58,6 +74,8 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     AWAITING_APPROVAL = "awaiting_approval"
     AWAITING_INPUT = "awaiting_input"
+    SLEEPING = "sleeping"
+    AWAITING_EVENT = "awaiting_event"
     SUSPEND_FAILED = "suspend_failed"
     GUARDRAIL_BLOCKED = "guardrail_blocked"
     GUARDRAIL_APPROVAL_REQUIRED = "guardrail_approval_required"
@@ -124,6 +142,8 @@ class WaitKind(StrEnum):
 
     APPROVAL = "approval"
     INPUT = "input"
+    TIMER = "timer"
+    EVENT = "event"
 
 
 class PrivacyLevel(StrEnum):

@@ -6,7 +6,7 @@ SQLite and PostgreSQL, and one contract suite (tests/integration) holds both to 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -14,6 +14,7 @@ from uuid import UUID
 
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.run import Run, RunEvent
+from steptrail.domain.waits import Signal, SignalGuard
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class RunStore(Protocol):
         *,
         resumable: bytes | None = None,
         then_claim: ClaimRequest | None = None,
+        unless_signal: SignalGuard | None = None,
     ) -> list[ClaimedRun]:
         """Record `run`'s pending events at `run.committed_version + 1 …`, and the journal
         entries of its pending steps (none if the append settles the run: settling deletes
@@ -86,9 +88,36 @@ class RunStore(Protocol):
         then claims as usual); it claims nothing when the append does not land. Without
         `then_claim` it returns an empty list.
 
+        With `unless_signal`, the transaction first looks in the run's inbox with the row
+        locked, and writes nothing if the guard's signal is there (ADR 0073).
+
         Raises:
             VersionConflict: somebody appended first; nothing was written.
+            SignalArrived: `unless_signal` found its signal; nothing was written.
             StoreUnavailable: the store failed; the append may or may not have landed.
+        """
+        ...
+
+    def next_signal(self, run_id: UUID, name: str, after_seq: int) -> Signal | None:
+        """The first signal named `name` in the run's inbox numbered after `after_seq`."""
+        ...
+
+    def deliver_signal(
+        self,
+        run: Run,
+        *,
+        name: str,
+        payload: bytes,
+        sent_by: str,
+        wake: Callable[[int], Run | None],
+    ) -> int:
+        """Store a signal for `run` (as loaded: fenced on `run.committed_version`) and return
+        its number. In the same transaction, after the run's row is locked, `wake(seq)` may
+        return the run with a pending `Woken`, which is appended too (ADR 0073).
+
+        Raises:
+            VersionConflict: the run moved on since it was loaded; nothing was written.
+            UnknownRun: there is no such run.
         """
         ...
 

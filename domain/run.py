@@ -35,141 +35,39 @@ from steptrail.domain.enums import (
 from steptrail.domain.errors import DigestMismatch, IllegalTransition, PendingWrite
 from steptrail.domain.journal import JournalEntry
 
+# The state moved to its own module (ADR 0073); its names are re-exported here.
+from steptrail.domain.state import (
+    Decision,
+    PendingEffect,
+    RunState,
+    Waiting,
+    _released,
+    _settled,
+    trace_id_of,
+)
+
+__all__ = [
+    "DECISION_STEP",
+    "EVENT_TYPES",
+    "Checkpoint",
+    "Decision",
+    "PendingEffect",
+    "Run",
+    "RunEvent",
+    "RunState",
+    "Waiting",
+    "apply",
+    "fold",
+    "trace_id_of",
+    "writes_done",
+]
+
 # The step kind that records an agent taking the human decision it resumed with.
 DECISION_STEP = "decision"
 
 # Every event class, by its stored topic. Topics are stable names written into the log, so a
 # module or class rename never orphans stored events; they are never renamed (STYLE 3).
 EVENT_TYPES: dict[str, type[RunEvent]] = {}
-
-
-class PendingEffect(BaseModel):
-    """A write tool that was about to run at step `seq` and has not recorded its result yet.
-
-    `claim_version` names the segment that recorded it: only that segment's result for the
-    same step clears it. After a reclaim the next segment numbers its steps on from the last
-    *recorded* one, so its step `seq` may coincide with a dead segment's unrecorded write.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    seq: int
-    tool: str
-    effect: Effect
-    claim_version: int | None = None
-
-
-class Waiting(BaseModel):
-    """What a suspended run waits for, and the digest a decision must quote."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: WaitKind
-    digest: str
-    since_version: int
-    pending_tools: tuple[str, ...] = ()
-    input_schema: dict[str, Any] | None = None
-
-
-class Decision(BaseModel):
-    """The latest human decision a resumed segment acts on."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: WaitKind
-    approved: bool
-    by: str
-    digest: str
-
-
-_NEW = object.__new__
-_SET = object.__setattr__  # what pydantic itself uses to fill a frozen model
-
-
-class RunState(BaseModel):
-    """Everything folding a run's events yields. Immutable; each event produces a new one."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: UUID
-    agent: str
-    version: int
-    status: RunStatus
-    segment: Segment | None = None
-    holder: str | None = None
-    lease_ms: int | None = None
-    claim_version: int | None = None
-    requeue_count: int = 0
-    retry_delay_ms: int = 0
-    reason: TerminationReason | None = None
-    idempotency_key: str | None = None
-    has_saved_request: bool = False
-    request_digest: str | None = None
-    steps: int = 0
-    pending_effects: tuple[PendingEffect, ...] = ()
-    failure_class: FailureClass | None = None
-    error_type: str | None = None
-    waiting: Waiting | None = None
-    decision: Decision | None = None
-    has_resumable_state: bool = False
-    iterations: int = 0
-    tokens: int = 0
-    cost: float = 0.0
-    trace_parent: str | None = None
-
-    def evolve(self, **changes: Any) -> RunState:
-        """This state with `changes` (field values of the right types, from the events'
-        rules: nothing is validated, as with `model_copy(update=...)`). Built directly:
-        `model_copy` copies the instance, then its dict, field set and private attributes
-        one by one, and every step, claim and settle folds through here (ADR 0053)."""
-        values = self.__dict__.copy()
-        values.update(changes)
-        new = _NEW(type(self))
-        _SET(new, "__dict__", values)
-        _SET(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | changes.keys())
-        _SET(new, "__pydantic_extra__", None)
-        _SET(new, "__pydantic_private__", None)
-        return new
-
-    @property
-    def trace_id(self) -> str | None:
-        """The trace every segment of the run joins (from `trace_parent`), or None."""
-        return trace_id_of(self.trace_parent)
-
-    @property
-    def pending_non_idempotent_write(self) -> bool:
-        return any(p.effect is Effect.NON_IDEMPOTENT_WRITE for p in self.pending_effects)
-
-
-def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
-    """A terminal state: no lease, no saved request, no resumable state; the version
-    advanced in the same copy (`apply` then leaves it alone).
-
-    The pending-effect markers survive on purpose: an auditor must still see that a write may
-    have happened before the run ended.
-    """
-    return _released(
-        state,
-        status,
-        has_saved_request=False,
-        has_resumable_state=False,
-        waiting=None,
-        **changes,
-    )
-
-
-def _released(state: RunState, status: RunStatus, **changes: Any) -> RunState:
-    """The current segment lets go of the run (back to the queue, or waiting for a person);
-    the version advanced in the same copy."""
-    return state.evolve(
-        version=state.version + 1,
-        status=status,
-        segment=None,
-        holder=None,
-        lease_ms=None,
-        claim_version=None,
-        **changes,
-    )
 
 
 class RunEvent(BaseModel):
@@ -272,6 +170,20 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
+            if s.status.is_waiting:
+                # Taken because the wait's deadline passed (ADR 0068): the woken segment
+                # records the wait's outcome (elapsed, expired, or what arrived meanwhile).
+                return s.evolve(
+                    version=s.version + 1,
+                    status=RunStatus.RUNNING,
+                    segment=Segment.WORKER,
+                    holder=self.actor,
+                    lease_ms=self.lease_ms,
+                    claim_version=s.version + 1,
+                    waiting=None,
+                    wake_after_ms=None,
+                    woke=s.waiting,
+                )
             return s.evolve(
                 version=s.version + 1,
                 status=RunStatus.RUNNING,
@@ -453,6 +365,8 @@ class Run:
         digest: str
         pending_tools: tuple[str, ...] = ()
         input_schema: dict[str, Any] | None = None
+        # `timeout=`: the decision expires this long after the suspension (ADR 0073).
+        timeout_ms: int | None = None
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
@@ -467,8 +381,16 @@ class Run:
                 since_version=s.version + 1,
                 pending_tools=self.pending_tools,
                 input_schema=self.input_schema,
+                timeout_ms=self.timeout_ms,
             )
-            return _released(s, status, waiting=waiting, decision=None, has_resumable_state=True)
+            return _released(
+                s,
+                status,
+                waiting=waiting,
+                decision=None,
+                has_resumable_state=True,
+                wake_after_ms=self.timeout_ms,
+            )
 
     class Decided(RunEvent):
         """A person approved or denied the pending calls (or submitted input), bound to their
@@ -502,6 +424,7 @@ class Run:
                 lease_ms=self.lease_ms,
                 claim_version=s.version + 1,
                 waiting=None,
+                wake_after_ms=None,
             )
 
     class Released(RunEvent):
@@ -511,7 +434,9 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return s.evolve(status=RunStatus.QUEUED, waiting=None, retry_delay_ms=0)
+            return s.evolve(
+                status=RunStatus.QUEUED, waiting=None, retry_delay_ms=0, wake_after_ms=None
+            )
 
     class Retried(RunEvent):
         """An operator put a failed run back on the queue (ADR 0025).
@@ -676,8 +601,10 @@ class Run:
     # -- commands ------------------------------------------------------------------------------
 
     def claim(self, *, holder: str, lease_ms: int) -> None:
-        """Take a queued run under a lease of `lease_ms`."""
-        self._guard({RunStatus.QUEUED}, "claim")
+        """Take a queued run under a lease of `lease_ms`, or a waiting one whose deadline the
+        store's claim found passed (ADR 0068)."""
+        if not (self._state.status.is_waiting and self._state.wake_after_ms is not None):
+            self._guard({RunStatus.QUEUED}, "claim")
         _check_lease(lease_ms)
         self._trigger(self.Claimed(actor=holder, lease_ms=lease_ms))
 
@@ -866,9 +793,15 @@ class Run:
         digest: str,
         pending_tools: tuple[str, ...] = (),
         input_schema: dict[str, Any] | None = None,
+        timeout_ms: int | None = None,
     ) -> None:
-        """Stop to wait for a person; the store saves the resumable state beside the log."""
+        """Stop to wait for a person; the store saves the resumable state beside the log.
+        With `timeout_ms`, the decision expires that long after the suspension."""
         holder = self._holder("suspend")
+        if kind not in (WaitKind.APPROVAL, WaitKind.INPUT):
+            raise IllegalTransition(f"a {kind} wait is not a person's decision (see domain.waits)")
+        if timeout_ms is not None and timeout_ms < 0:
+            raise IllegalTransition("a wait's timeout cannot be negative")
         self._trigger(
             self.Suspended(
                 actor=holder,
@@ -876,6 +809,7 @@ class Run:
                 digest=digest,
                 pending_tools=pending_tools,
                 input_schema=input_schema,
+                timeout_ms=timeout_ms,
             )
         )
 
@@ -891,7 +825,7 @@ class Run:
         """Record a person's decision on what the run waits for. The caller has checked the
         digest against the resumable state; the domain checks it against the Suspended event."""
         waiting = self._state.waiting
-        if waiting is None or not self._state.status.is_waiting:
+        if waiting is None or not self._state.status.is_decidable:
             raise IllegalTransition(f"cannot decide a run that is {self._state.status}")
         if waiting.kind is not kind:
             raise IllegalTransition(f"the run waits for {waiting.kind}, not {kind}")
@@ -935,26 +869,25 @@ class Run:
         assert self._state.holder is not None, "a running run always has a holder"
         return self._state.holder
 
+    def trigger(self, event: RunEvent) -> None:
+        """Apply and keep `event`: for the commands of sibling domain modules (waits), which
+        check their own guards first as the commands here do."""
+        self._trigger(event)
+
+    def guard(self, allowed: set[RunStatus], verb: str) -> None:
+        """IllegalTransition unless the run's status is in `allowed`."""
+        self._guard(allowed, verb)
+
+    def holder(self, verb: str) -> str:
+        """The running run's holder (IllegalTransition if it is not running)."""
+        return self._holder(verb)
+
     def _trigger(self, event: RunEvent) -> None:
         self._state = apply(self._state, event)
         self._pending.append(event)
 
 
 Checkpoint = tuple[RunState, int, int]
-
-
-def trace_id_of(trace_parent: str | None) -> str | None:
-    """The trace id (32 hex digits) of a W3C `traceparent` value, or None if it is not one."""
-    if trace_parent is None:
-        return None
-    parts = trace_parent.split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
-        return None
-    try:
-        int(parts[1], 16)
-    except ValueError:
-        return None
-    return parts[1]
 
 
 def _check_lease(lease_ms: int) -> None:
@@ -996,3 +929,8 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState 
     for event in events:
         state = apply(state, event)
     return state
+
+
+# The waits' events are run events too: importing their module registers their topics
+# wherever the run's events are decoded (ADR 0073).
+from steptrail.domain import waits as _waits  # noqa: E402, F401

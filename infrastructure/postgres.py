@@ -36,7 +36,9 @@ from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
 from steptrail.domain.run import Run, RunEvent
+from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
+from steptrail.infrastructure.pg_signals import PostgresSignals
 from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
@@ -67,6 +69,7 @@ from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import (
     IndexRange,
     RunRow,
+    claimable_after_ms,
     column_values,
     document_json,
     rebuild_rows,
@@ -239,7 +242,7 @@ class OneConnection:
                 self._taken.release()
 
 
-class PostgresRunStore(ClaimsOne):
+class PostgresRunStore(PostgresSignals, ClaimsOne):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
 
     backend = "postgres"
@@ -479,8 +482,12 @@ class PostgresRunStore(ClaimsOne):
         *,
         resumable: bytes | None = None,
         then_claim: ClaimRequest | None = None,
+        unless_signal: SignalGuard | None = None,
     ) -> list[ClaimedRun]:
         if not run.pending_events:
+            return []
+        if unless_signal is not None:
+            self.append_guarded(run, unless_signal, resumable)
             return []
         name, params = self.append_statement(run, resumable=resumable)
         rows: list[DictRow] = []
@@ -545,7 +552,7 @@ class PostgresRunStore(ClaimsOne):
         keep = drop and keeps_request(state)  # see `append`
         params = column_values(state)
         params["doc"] = document_json(state)
-        params["retry_delay_ms"] = state.retry_delay_ms
+        params["retry_delay_ms"] = claimable_after_ms(state)
         params["expected"] = run.committed_version
         params["resumable"] = resumable
         params["drop_saved"] = drop and not keep

@@ -30,9 +30,11 @@ from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
-from steptrail.domain.run import Run, RunEvent
+from steptrail.domain.run import Run, RunEvent, RunState
+from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
+from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
     RANGE_RUNS,
@@ -62,6 +64,7 @@ from steptrail.projections.custom import PurgeHook
 from steptrail.projections.run_index import (
     IndexRange,
     RunRow,
+    claimable_after_ms,
     column_values,
     document_json,
     document_only,
@@ -504,7 +507,22 @@ class _FileWrite:
                 raise translated from error
 
 
-class SQLiteRunStore(ClaimsOne):
+@dataclass(slots=True)
+class _PreparedAppend:
+    """An append encoded outside the write lock: what `_write_append` writes inside it."""
+
+    run_hex: str
+    state: RunState
+    doc: str
+    params: dict[str, Any] | None
+    events: list[tuple[Any, ...]]
+    resumable: bytes | None
+    drop: bool
+    drop_journal: bool
+    wake: bool
+
+
+class SQLiteRunStore(SQLiteSignals, ClaimsOne):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 
     backend = "sqlite"
@@ -808,22 +826,48 @@ class SQLiteRunStore(ClaimsOne):
         *,
         resumable: bytes | None = None,
         then_claim: ClaimRequest | None = None,
+        unless_signal: SignalGuard | None = None,
     ) -> list[ClaimedRun]:
-        pending = run.pending_events
-        if not pending:
+        if not run.pending_events:
+            return []
+        if unless_signal is not None:
+            self.append_guarded(run, unless_signal, resumable)
             return []
         # Everything is encoded before the write lock is taken; inside it only SQL runs, and
         # the statements that run with every step bind by position (ADR 0039).
+        prepared = self._prepare_append(run, resumable)
+        with self._write() as (cur, at):
+            self._write_append(cur, at, prepared)
+            # A settle that claims the worker's next run in the same transaction (ADR 0058):
+            # one write-lock turn instead of two. The settled run is claimable only if it
+            # was requeued without a delay (available_at = at), as by any other claim.
+            rows = self._claim_rows(cur, at, then_claim) if then_claim is not None else []
+        run.mark_committed()
+        if prepared.wake:
+            self._woken.set()
+        return self._claimed(rows, then_claim, at) if then_claim is not None and rows else []
+
+    def append_in(self, cur: sqlite3.Cursor, at: int, run: Run, resumable: bytes | None) -> None:
+        """`append`'s writes inside a write transaction the caller holds (a signal's delivery
+        that wakes its run, a guarded suspension; ADR 0073). The caller marks `run`
+        committed once its transaction committed."""
+        prepared = self._prepare_append(run, resumable)
+        self._write_append(cur, at, prepared)
+        if prepared.wake:
+            self._woken.set()  # early by a commit at most: a woken worker claims again later
+
+    def _prepare_append(self, run: Run, resumable: bytes | None) -> _PreparedAppend:
         state = run.state
         run_hex = run.id.hex
         first = run.committed_version + 1
+        pending = run.pending_events
         drop, wake = side_effects(state)
         lean = state.status is RunStatus.RUNNING and document_only(pending)
         doc = document_json(state)
         params: dict[str, Any] | None = None
         if not lean:
             params = column_values(state)
-            params.update(run_id=run_hex, doc=doc, retry_delay_ms=state.retry_delay_ms)
+            params.update(run_id=run_hex, doc=doc, retry_delay_ms=claimable_after_ms(state))
         # A step's journal entry rides in its own StepRecorded's row (ADR 0050): an event
         # that lands brings its entry, one that does not, does not.
         cells = journal_cells(run)
@@ -838,39 +882,36 @@ class SQLiteRunStore(ClaimsOne):
         ]
         if cells:
             raise RuntimeError(f"journal entries without their step's event: {sorted(cells)}")
-        with self._write() as (cur, at):
-            if len(events) == 1:
-                cur.execute(self.q["append_event"], (*events[0], at))
-            else:
-                cur.executemany(self.q["append_event"], [(*e, at) for e in events])
-            if params is None:
-                cur.execute(
-                    self.q["update_run_document"],
-                    (state.version, doc, at, state.lease_ms, at, run_hex),
-                )
-            else:
-                params["at"] = at
-                cur.execute(self.q["update_run"], params)
-            if resumable is not None:
-                cur.execute(
-                    self.q["put_saved"],
-                    {"run_id": run_hex, "kind": RESUMABLE, "body": resumable},
-                )
-            if drop:
-                name = "drop_saved_but_request" if keeps_request(state) else "drop_saved"
-                cur.execute(self.q[name], {"run_id": run_hex})
-                # Only a step already in the log can have left an entry: a run that settles
-                # with its first steps (a one-step run, most of all) has none to drop.
-                if state.steps > sum(type(e) is Run.StepRecorded for e in pending):
-                    cur.execute(self.q["drop_journal"], {"run_id": run_hex})
-            # A settle that claims the worker's next run in the same transaction (ADR 0058):
-            # one write-lock turn instead of two. The settled run is claimable only if it
-            # was requeued without a delay (available_at = at), as by any other claim.
-            rows = self._claim_rows(cur, at, then_claim) if then_claim is not None else []
-        run.mark_committed()
-        if wake:
-            self._woken.set()
-        return self._claimed(rows, then_claim, at) if then_claim is not None and rows else []
+        # Only a step already in the log can have left an entry: a run that settles with
+        # its first steps (a one-step run, most of all) has none to drop.
+        drop_journal = drop and state.steps > sum(type(e) is Run.StepRecorded for e in pending)
+        return _PreparedAppend(
+            run_hex, state, doc, params, events, resumable, drop, drop_journal, wake
+        )
+
+    def _write_append(self, cur: sqlite3.Cursor, at: int, p: _PreparedAppend) -> None:
+        if len(p.events) == 1:
+            cur.execute(self.q["append_event"], (*p.events[0], at))
+        else:
+            cur.executemany(self.q["append_event"], [(*e, at) for e in p.events])
+        if p.params is None:
+            cur.execute(
+                self.q["update_run_document"],
+                (p.state.version, p.doc, at, p.state.lease_ms, at, p.run_hex),
+            )
+        else:
+            p.params["at"] = at
+            cur.execute(self.q["update_run"], p.params)
+        if p.resumable is not None:
+            cur.execute(
+                self.q["put_saved"],
+                {"run_id": p.run_hex, "kind": RESUMABLE, "body": p.resumable},
+            )
+        if p.drop:
+            name = "drop_saved_but_request" if keeps_request(p.state) else "drop_saved"
+            cur.execute(self.q[name], {"run_id": p.run_hex})
+            if p.drop_journal:
+                cur.execute(self.q["drop_journal"], {"run_id": p.run_hex})
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

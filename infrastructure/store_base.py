@@ -22,6 +22,7 @@ from steptrail.infrastructure.logging import steptrail_logger
 from steptrail.projections.run_index import (
     COLUMN_FIELDS,
     RunRow,
+    claimable_after_ms,
     join_state,
     rebuild_row,
     split_state,
@@ -53,7 +54,7 @@ def listing_query(status: str | None, agent: str | None = None) -> str:
 def state_params(state: RunState) -> dict[str, Any]:
     """The run index parameters for `state` (columns, document, retry delay)."""
     columns, document = split_state(state)
-    return {**columns, "doc": document, "retry_delay_ms": state.retry_delay_ms}
+    return {**columns, "doc": document, "retry_delay_ms": claimable_after_ms(state)}
 
 
 def encoded_events(run: Run) -> list[tuple[int, str, bytes]]:

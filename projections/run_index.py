@@ -132,16 +132,19 @@ def row_after(previous: RunRow | None, state: RunState, at: datetime) -> RunRow:
     * A run becomes claimable `retry_delay_ms` after it entered the queue; a row that was
       already queued keeps its time (no event keeps a queued run queued today, but the rule
       must not depend on that).
+    * A waiting run with a deadline becomes claimable `wake_after_ms` after the append that
+      suspended it (ADR 0068); without one, never by itself.
     """
     lease_expires_at = None
     if state.status is RunStatus.RUNNING and state.lease_ms is not None:
         lease_expires_at = at + timedelta(milliseconds=state.lease_ms)
     available_at = None
-    if state.status is RunStatus.QUEUED:
-        if previous is not None and previous.status is RunStatus.QUEUED:
+    delay_ms = claimable_after_ms(state)
+    if delay_ms >= 0:
+        if previous is not None and previous.status is state.status and previous.available_at:
             available_at = previous.available_at
         else:
-            available_at = at + timedelta(milliseconds=state.retry_delay_ms)
+            available_at = at + timedelta(milliseconds=delay_ms)
     return RunRow(
         state=state,
         created_at=previous.created_at if previous is not None else at,
@@ -149,6 +152,17 @@ def row_after(previous: RunRow | None, state: RunState, at: datetime) -> RunRow:
         lease_expires_at=lease_expires_at,
         available_at=available_at,
     )
+
+
+def claimable_after_ms(state: RunState) -> int:
+    """How long after an append the claim may take the run it leaves in `state`: the retry
+    delay of a queued run, the deadline of a waiting one; -1 for never by itself. The
+    stores pass it to their append statements as `retry_delay_ms` (ADR 0068)."""
+    if state.status is RunStatus.QUEUED:
+        return state.retry_delay_ms
+    if state.status.is_waiting and state.wake_after_ms is not None:
+        return state.wake_after_ms
+    return -1
 
 
 def rebuild_row(recorded: Iterable[tuple[RunEvent, datetime]]) -> RunRow | None:

@@ -73,6 +73,8 @@ if TYPE_CHECKING:
     from steptrail.workers.reaper import ReapReport
     from steptrail.workers.registry import App, UnknownAgent
     from steptrail.workers.segment import LeaseLost
+    from steptrail.workers.signals import SignalSent
+    from steptrail.workers.waits import WaitTimedOut
 
     open = open_runtime
 
@@ -120,6 +122,7 @@ _WHERE: dict[str, str] = {
     "Runtime": "steptrail.runtime",
     "SegmentResult": "steptrail.workers.execute",
     "Settings": "steptrail.infrastructure.settings",
+    "SignalSent": "steptrail.workers.signals",
     "Sql": "steptrail.projections.custom",
     "StepTimedOut": "steptrail.workers.context",
     "StoreUnavailable": "steptrail.domain.errors",
@@ -127,6 +130,7 @@ _WHERE: dict[str, str] = {
     "Tracking": "steptrail.projections.custom",
     "UnknownAgent": "steptrail.workers.registry",
     "UnknownRun": "steptrail.domain.errors",
+    "WaitTimedOut": "steptrail.workers.waits",
     "format_position": "steptrail.infrastructure.feed",
     "open_async": "steptrail.async_runtime",
     "open_runtime": "steptrail.runtime",
@@ -188,6 +192,7 @@ __all__ = [
     "Runtime",
     "SegmentResult",
     "Settings",
+    "SignalSent",
     "Sql",
     "StepTimedOut",
     "StoreUnavailable",
@@ -195,6 +200,7 @@ __all__ = [
     "Tracking",
     "UnknownAgent",
     "UnknownRun",
+    "WaitTimedOut",
     "format_position",
     "open",
     "open_async",

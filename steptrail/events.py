@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from steptrail.domain.run import EVENT_TYPES, Run, RunEvent
+from steptrail.domain.waits import WaitStarted, Woken
 
 Queued = Run.Queued
 Started = Run.Started
@@ -77,5 +78,7 @@ __all__ = [
     "Started",
     "StepRecorded",
     "Suspended",
+    "WaitStarted",
+    "Woken",
     "topic_of",
 ]

@@ -122,15 +122,28 @@ def run_table(row: RunRow) -> Table:
         ("available at", _iso(row.available_at) or "-"),
         ("failure", f"{s.failure_class.value} ({s.error_type})" if s.failure_class else "-"),
         ("pending effects", ", ".join(f"{p.tool}@{p.seq}" for p in s.pending_effects) or "-"),
-        ("waiting for", s.waiting.kind.value if s.waiting else "-"),
+        ("waiting for", waiting_for(row)),
         ("pending calls", ", ".join(s.waiting.pending_tools) if s.waiting else "-"),
-        ("digest", s.waiting.digest if s.waiting else "-"),
+        ("digest", (s.waiting.digest or "-") if s.waiting else "-"),
         ("created", _iso(row.created_at)),
         ("updated", _iso(row.updated_at)),
     ]
     for key, value in pairs:
         add_row(table, key, value)
     return table
+
+
+def waiting_for(row: RunRow) -> str:
+    """What a waiting run waits for, in words: a timer and its wake-up, a signal by name,
+    a person; with the deadline (the row's `available_at`, ADR 0073) if it has one."""
+    waiting = row.state.waiting
+    if waiting is None or not row.state.status.is_waiting:
+        return "-"
+    deadline = _iso(row.available_at)
+    if waiting.kind.value == "timer":
+        return f"timer until {deadline}"
+    what = f"signal {waiting.name!r}" if waiting.kind.value == "event" else waiting.kind.value
+    return f"{what} until {deadline}" if deadline else what
 
 
 def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
@@ -159,7 +172,9 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
     for row in rows:
         s = row.state
         waits = "-"
-        if s.waiting is not None:
+        if s.waiting is not None and s.waiting.kind.value in ("timer", "event"):
+            waits = waiting_for(row)
+        elif s.waiting is not None:
             what = ", ".join(s.waiting.pending_tools) or "input"
             waits = f"{s.waiting.kind.value}: {what} ({s.waiting.digest[:19]}…)"
         add_row(

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from steptrail.workers.projector import Projector
     from steptrail.workers.reaper import Reaper, ReapReport
     from steptrail.workers.retention import PurgeReport, RetentionPolicy
+    from steptrail.workers.signals import SignalSent
     from steptrail.workers.telemetry import CreationProbe
     from steptrail.workers.worker import Worker, WorkerReport
 
@@ -442,6 +443,27 @@ class Runtime:
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def signal(
+        self, run_id: UUID, name: str, payload: Any = None, *, by: str = "api"
+    ) -> SignalSent:
+        """Deliver the signal `name` with `payload` to a run (ADR 0073). A run waiting for it
+        in `ctx.wait_event(name)` is queued at once; otherwise it is kept, in order, for the
+        run's next wait for that name.
+
+        Raises:
+            UnknownRun; IllegalTransition (the run has settled: nothing is written);
+            InvalidInput (payload too deep, too large, not JSON, or not the declared schema);
+            InvalidActor; ValueError (not a signal name).
+        """
+        from steptrail.workers.signals import Signals
+
+        return Signals(
+            self.store,
+            max_payload_bytes=self.settings.max_payload_bytes,
+            schemas=self.app.signal_schemas,
+            log=self.log,
+        ).send(run_id, name, payload, by=by)
 
     def retry(
         self, run_id: UUID, *, by: str, reset_budget: bool = False, force: bool = False

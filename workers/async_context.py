@@ -20,6 +20,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any, TypeVar, overload
 from uuid import UUID
 
@@ -311,15 +312,34 @@ class AsyncRunContext:
             self.log.warning("step_timed_out", step=step.call.name, timeout_s=step.limit)
             raise StepTimedOut(step.call.name, step.limit) from None
 
+    # -- waiting for time and for outside events (ADR 0073) ------------------------------------
+
+    async def sleep(self, seconds: float, *, name: str = "sleep") -> None:
+        """Suspend the run for `seconds` (see `RunContext.sleep`): no lease, no slot, and no
+        task waits meanwhile; the agent is called again when the time comes."""
+        await self._threads.call(self._core.sleep, seconds, name=name)
+
+    async def sleep_until(self, when: datetime, *, name: str = "sleep") -> None:
+        """`sleep` until the timezone-aware instant `when` (see `RunContext.sleep_until`)."""
+        await self._threads.call(self._core.sleep_until, when, name=name)
+
+    async def wait_event(self, name: str, *, timeout: float | None = None) -> Any:
+        """The payload of the next signal named `name` (see `RunContext.wait_event`)."""
+        return await self._threads.call(self._core.wait_event, name, timeout=timeout)
+
     # -- waiting for a person ------------------------------------------------------------------
 
     async def request_approval(
-        self, calls: Sequence[PendingCall | Mapping[str, Any]], *, conversation: Any = None
+        self,
+        calls: Sequence[PendingCall | Mapping[str, Any]],
+        *,
+        conversation: Any = None,
+        timeout: float | None = None,
     ) -> Resumption:
         """Wait until a person approves or denies `calls`; returns the decision once the
         run resumes (the first time, the run suspends here; see `RunContext`)."""
         return await self._threads.call(
-            self._core.request_approval, calls, conversation=conversation
+            self._core.request_approval, calls, conversation=conversation, timeout=timeout
         )
 
     async def request_input(
@@ -328,11 +348,16 @@ class AsyncRunContext:
         *,
         prompt: str | None = None,
         conversation: Any = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """Wait until a person submits values matching `schema`; returns them once the run
         resumes (see `RunContext.request_input`)."""
         return await self._threads.call(
-            self._core.request_input, schema, prompt=prompt, conversation=conversation
+            self._core.request_input,
+            schema,
+            prompt=prompt,
+            conversation=conversation,
+            timeout=timeout,
         )
 
     async def run_pending(

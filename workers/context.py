@@ -16,20 +16,18 @@ deadline runs on a helper thread the agent stops waiting for at the deadline (AD
 from __future__ import annotations
 
 import contextvars
-import inspect
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Generic, Never, TypeVar
+from datetime import datetime
+from typing import Any, Never, TypeVar
 from uuid import UUID
 
 from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
 
-from steptrail.domain.classifier import ClassifiedError, classify
+from steptrail.domain.classifier import classify
 from steptrail.domain.decisions import (
     DENIED,
     PendingCall,
@@ -43,14 +41,12 @@ from steptrail.domain.enums import (
     FailureClass,
     Outcome,
     PrivacyLevel,
-    TerminationReason,
     WaitKind,
 )
 from steptrail.domain.journal import (
     JournalCursor,
     JournalEntry,
     NonDeterministic,
-    ReplayedError,
     StepCall,
     fingerprint,
 )
@@ -63,126 +59,52 @@ from steptrail.domain.limits import (
 from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
 from steptrail.domain.run import DECISION_STEP, Decision, Run
 from steptrail.domain.schemas import check_schema
+from steptrail.workers import waits
+from steptrail.workers.context_parts import (  # re-exported: split out (ADR 0073)
+    AwaitableInSyncStep,
+    CallResult,
+    Deadlines,
+    LiveStep,
+    Recorded,
+    Replayed,
+    Resumption,
+    RunFailed,
+    RunTimedOut,
+    StepTimedOut,
+    Suspend,
+    _bind,
+    _entry,
+    _error_type,
+    _not_awaitable,
+    _replayed,
+    _resumption_of,
+    _unwrap,
+    denied_result,
+    discard_awaitable,
+    jsonable,
+)
 from steptrail.workers.segment import LeaseLost, Segment
 from steptrail.workers.telemetry import NO_STEP, StepEnd, StepProbe
 
+__all__ = [
+    "AwaitableInSyncStep",
+    "CallResult",
+    "Deadlines",
+    "LiveStep",
+    "Recorded",
+    "Replayed",
+    "Resumption",
+    "RunContext",
+    "RunFailed",
+    "RunTimedOut",
+    "StepTimedOut",
+    "Suspend",
+    "denied_result",
+    "discard_awaitable",
+    "jsonable",
+]
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Recorded(Generic[T]):
-    """Return this from a step's callable to record metadata beside its value.
-
-    Args:
-        value: what `ctx.step(...)` returns to the agent.
-        payload: more of the step to record (filtered by the privacy level).
-        tokens / cost: counted into the run's totals.
-    """
-
-    value: T
-    payload: Mapping[str, Any] = field(default_factory=dict)
-    tokens: int = 0
-    cost: float = 0.0
-
-
-class Suspend(BaseException):
-    """Raised by `request_approval` / `request_input` once the run is durably waiting; the
-    agent function ends there and is called again, resumed, after the decision."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__(outcome.value)
-        self.outcome = outcome
-
-
-@dataclass(frozen=True)
-class Resumption:
-    """What a resumed segment resumes with: the decision and the state saved at suspension."""
-
-    kind: WaitKind
-    approved: bool
-    by: str
-    calls: list[PendingCall]
-    conversation: Any
-    values: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class CallResult:
-    """The result of one pending call after the decision: its value, or the denial."""
-
-    call: PendingCall
-    value: Any = None
-    error: str | None = None
-
-
-class StepTimedOut(ClassifiedError):
-    """A step ran past its deadline; the agent stopped waiting for it (failure class
-    `timeout`, retried by the retry ladder). Its thread may still be running: Python cannot
-    stop a thread, so whatever it does later is simply never recorded."""
-
-    def __init__(self, name: str, seconds: float) -> None:
-        super().__init__(FailureClass.TIMEOUT, f"step {name!r} ran past its {seconds:g} s deadline")
-
-
-class RunTimedOut(ClassifiedError):
-    """The segment ran past its agent's `max_duration`; no further step starts."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(FailureClass.TIMEOUT, f"the run ran past its {seconds:g} s maximum")
-
-
-@dataclass(frozen=True)
-class Deadlines:
-    """Default step deadlines and the segment's own, in seconds (None: no limit)."""
-
-    step_timeout: float | None = None
-    tool_timeout: Callable[[str], float | None] = lambda _name: None
-    max_duration: float | None = None
-
-
-class AwaitableInSyncStep(TypeError):
-    """A synchronous agent's step returned an awaitable, which it cannot await: the step
-    fails (and the run with it, as not retryable) rather than record something that never
-    ran. Write the agent as `async def`; its context awaits steps."""
-
-    def __init__(self, kind: str, name: str) -> None:
-        super().__init__(
-            f"the {kind} step {name!r} returned an awaitable in a synchronous agent; "
-            "declare the agent `async def` to await it"
-        )
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """A step call answered from the journal: `value` is what the agent gets."""
-
-    value: Any
-
-
-@dataclass(frozen=True)
-class LiveStep:
-    """A step call that runs for real: opened (boundary passed, marker confirmed for a
-    write), waiting for its callable's outcome to be closed with."""
-
-    call: StepCall
-    payload: Mapping[str, Any] | None
-    limit: float | None
-    started: float
-    write: bool = False
-    probe: StepProbe = NO_STEP  # its observer (ADR 0033)
-
-
-class RunFailed(Exception):
-    """Raise from an agent to end its run `failed` with `reason`, without any retry."""
-
-    def __init__(self, reason: TerminationReason | str, message: str = "") -> None:
-        super().__init__(message or str(reason))
-        self.reason = TerminationReason(reason)
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-compatible form of `value` (unknown objects become their `str`)."""
-    return to_jsonable_python(value, fallback=str)
 
 
 class RunContext:
@@ -216,6 +138,9 @@ class RunContext:
         self._replay_noted = False
         self._taken: Resumption | None = None
         self._by_hand = False
+        # The last signal taken of each name in this execution: the next wait for that name
+        # takes the first one after it (ADR 0073).
+        self._signals_taken: dict[str, int] = {}
         self.request = request
         self.resumable = resumable
         self.log = segment.log
@@ -302,10 +227,42 @@ class RunContext:
             values=saved.values,
         )
 
+    # -- waiting for time and for outside events (ADR 0073) ------------------------------------
+
+    def sleep(self, seconds: float, *, name: str = "sleep") -> None:
+        """Suspend the run for `seconds` (judged by the store's clock) and go on after.
+
+        The run releases its lease and worker slot while it sleeps; a worker claims it when
+        the time comes, replays the steps before this call and continues after it. Recorded
+        as a `sleep` step, so a later segment does not sleep again. `sleep(0)` only records.
+        """
+        waits.sleep(self, seconds, name)
+
+    def sleep_until(self, when: datetime, *, name: str = "sleep") -> None:
+        """`sleep` until the timezone-aware instant `when` (at once if it has passed)."""
+        waits.sleep_until(self, when, name)
+
+    def wait_event(self, name: str, *, timeout: float | None = None) -> Any:
+        """The payload of the next signal named `name` delivered to this run
+        (`rt.signal`, `steptrail signal`, the console), waiting for it if none is there.
+
+        Signals delivered before the wait are kept, in order: each wait for a name takes the
+        next one. While it waits the run holds no lease and no slot.
+
+        Raises:
+            WaitTimedOut: `timeout` seconds passed first (recorded: a later segment raises
+                it again rather than waiting).
+        """
+        return waits.wait_event(self, name, timeout)
+
     # -- waiting for a person ------------------------------------------------------------------
 
     def request_approval(
-        self, calls: Sequence[PendingCall | Mapping[str, Any]], *, conversation: Any = None
+        self,
+        calls: Sequence[PendingCall | Mapping[str, Any]],
+        *,
+        conversation: Any = None,
+        timeout: float | None = None,
     ) -> Resumption:
         """Wait until a person approves or denies `calls`; returns the decision.
 
@@ -316,13 +273,17 @@ class RunContext:
         `ctx.run_pending(...)`. Taking the decision is recorded as a `decision` step, so a
         later segment replays it too. (Agents that read `ctx.resumed` first resume by hand
         instead, as before.)
+
+        With `timeout` (seconds), a decision nobody took by then expires: the run is woken
+        and this call returns a denial with `expired=True` (ADR 0073); a decision sent after
+        the expiry is refused.
         """
         pending = [PendingCall.model_validate(c) for c in calls]
         if not pending:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
         labels = tuple(self.tool_label(c.name) for c in pending)
-        return self._await_decision(state, calls_digest(pending), labels)
+        return self._await_decision(state, calls_digest(pending), labels, timeout)
 
     def request_input(
         self,
@@ -330,6 +291,7 @@ class RunContext:
         *,
         prompt: str | None = None,
         conversation: Any = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """Wait until a person submits values matching `schema` (a pydantic model or a JSON
         Schema); returns the validated values, like `request_approval` returns a decision
@@ -338,6 +300,7 @@ class RunContext:
         Raises:
             InvalidSchema: the schema is invalid, refers outside itself or is too large
                 (ADR 0020); the run is not suspended, and fails unless the agent handles it.
+            WaitTimedOut: nobody submitted input within `timeout` seconds (ADR 0073).
         """
         json_schema = check_schema(
             schema.model_json_schema()
@@ -350,10 +313,17 @@ class RunContext:
             prompt=prompt,
             conversation=conversation,
         )
-        return dict(self._await_decision(state, state_digest(state), ()).values or {})
+        taken = self._await_decision(state, state_digest(state), (), timeout)
+        if taken.expired:
+            raise waits.WaitTimedOut(WaitKind.INPUT.value, timeout)
+        return dict(taken.values or {})
 
     def _await_decision(
-        self, state: ResumableState, digest: str, tools: tuple[str, ...]
+        self,
+        state: ResumableState,
+        digest: str,
+        tools: tuple[str, ...],
+        timeout: float | None = None,
     ) -> Resumption:
         """The decision on `state`: replayed, taken now (resumed segment), or waited for."""
         call = StepCall(DECISION_STEP, state.kind.value, fingerprint(digest))
@@ -370,7 +340,21 @@ class RunContext:
                 raise self._journal.diverged
             self._take(call, resumption)
             return resumption
-        return self._suspend(state, digest, tools)
+        woke = self._segment.run.state.woke
+        if woke is not None and woke.kind is state.kind and woke.digest == digest:
+            # Claimed at the wait's deadline with nobody's decision: it expired (ADR 0073).
+            expired = Resumption(
+                kind=state.kind,
+                approved=False,
+                by=waits.EXPIRED_BY,
+                calls=state.calls,
+                conversation=state.conversation,
+                values=None,
+                expired=True,
+            )
+            self._take(call, expired)
+            return expired
+        return self._suspend(state, digest, tools, waits.timeout_ms(timeout))
 
     def _take(self, call: StepCall, resumption: Resumption) -> None:
         """Record the agent taking its decision as a step (its outcome journaled)."""
@@ -384,10 +368,13 @@ class RunContext:
             "calls": [c.model_dump(mode="json") for c in resumption.calls],
             "conversation": resumption.conversation,
             "values": resumption.values,
+            "expired": resumption.expired,
         }
         # The log gets who decided and how, never the calls' or the input's content (ADR
         # 0008); the journal keeps it verbatim, like the resumable state it came from.
-        payload = {"approved": resumption.approved, "by": resumption.by}
+        payload: dict[str, Any] = {"approved": resumption.approved, "by": resumption.by}
+        if resumption.expired:
+            payload["expired"] = True
         self._record(
             call=call,
             started=time.perf_counter(),
@@ -430,7 +417,13 @@ class RunContext:
             raise RuntimeError("run_pending is for a segment resumed after an approval")
         return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
 
-    def _suspend(self, state: ResumableState, digest: str, tools: tuple[str, ...]) -> Never:
+    def _suspend(
+        self,
+        state: ResumableState,
+        digest: str,
+        tools: tuple[str, ...],
+        deadline_ms: int | None = None,
+    ) -> Never:
         check_depth(state.conversation, "the saved conversation")
         body = canonical_json(jsonable(state.model_dump(mode="json")))
         check_size(len(body), self._max_payload_bytes, "the saved resumable state")
@@ -440,7 +433,13 @@ class RunContext:
         logged_schema = filter_schema(state.input_schema, self._privacy)
 
         def suspend(run: Run) -> None:
-            run.suspend(kind=kind, digest=digest, pending_tools=tools, input_schema=logged_schema)
+            run.suspend(
+                kind=kind,
+                digest=digest,
+                pending_tools=tools,
+                input_schema=logged_schema,
+                timeout_ms=deadline_ms,
+            )
 
         try:
             self._segment.commit(suspend, resumable=body)
@@ -827,89 +826,3 @@ class RunContext:
         """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""
         size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str))
         check_size(size, self._max_payload_bytes, what)
-
-
-def _error_type(error: BaseException) -> str:
-    if isinstance(error, ReplayedError):
-        return error.error_type
-    return type(error).__name__
-
-
-def _entry(
-    call: StepCall,
-    position: int,
-    result: Any,
-    error: BaseException | None,
-    classify_error: Callable[[BaseException], FailureClass],
-) -> JournalEntry:
-    """The journal entry of a finished step: its value as JSON, or its error."""
-    if error is not None:
-        message = error.original_message if isinstance(error, ReplayedError) else str(error)
-        return JournalEntry(
-            0,
-            position,
-            call.kind,
-            call.name,
-            call.fingerprint,
-            error_type=_error_type(error),
-            error_message=message,
-            failure_class=classify_error(error),
-        )
-    value = jsonable(result)
-    try:
-        return JournalEntry.of_value(position, call, value)
-    except ValueError:  # NaN or infinity: JSON has no word for them
-        return JournalEntry.of_value(position, call, str(value))
-
-
-def _replayed(entry: JournalEntry) -> Any:
-    if entry.failed:
-        raise ReplayedError(entry)
-    return entry.value
-
-
-def _resumption_of(value: Any) -> Resumption:
-    return Resumption(
-        kind=WaitKind(value["kind"]),
-        approved=bool(value["approved"]),
-        by=str(value["by"]),
-        calls=[PendingCall.model_validate(c) for c in value.get("calls") or []],
-        conversation=value.get("conversation"),
-        values=value.get("values"),
-    )
-
-
-def _bind(
-    tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any], call: PendingCall
-) -> Callable[[], Any]:
-    if isinstance(tools, Mapping):
-        if call.name not in tools:
-            raise KeyError(f"no implementation given for pending call {call.name!r}")
-        fn = tools[call.name]
-        return lambda: fn(**call.arguments)
-    return lambda: tools(call)
-
-
-def denied_result() -> dict[str, str]:
-    """The result a denied pending call is recorded with."""
-    return {"error": DENIED}
-
-
-def _not_awaitable(outcome: T, kind: str, name: str) -> T:
-    if inspect.isawaitable(outcome):
-        discard_awaitable(outcome)
-        raise AwaitableInSyncStep(kind, name)
-    return outcome
-
-
-def discard_awaitable(awaitable: object) -> None:
-    """Close a coroutine nobody will await, so it neither runs nor warns."""
-    close = getattr(awaitable, "close", None)
-    if callable(close):
-        close()
-
-
-def _unwrap(outcome: Any) -> tuple[Any, Recorded[Any] | None]:
-    if isinstance(outcome, Recorded):
-        return outcome.value, outcome
-    return outcome, None

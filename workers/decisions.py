@@ -18,7 +18,8 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any, Literal, Protocol, cast
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -31,7 +32,7 @@ from steptrail.domain.decisions import (
     state_digest,
 )
 from steptrail.domain.digest import canonical_json
-from steptrail.domain.enums import Outcome, WaitKind
+from steptrail.domain.enums import Outcome, RunStatus, WaitKind
 from steptrail.domain.errors import (
     CorruptResumableState,
     DigestMismatch,
@@ -43,6 +44,7 @@ from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
 from steptrail.domain.schemas import validate_input
+from steptrail.projections.run_index import RunRow
 from steptrail.workers.execute import (
     Executor,
     SegmentResult,
@@ -55,6 +57,18 @@ ResumeMode = Literal["auto", "here", "queue"]
 
 class AlreadyResuming(IllegalTransition):
     """Somebody else decided this run first; it is already resuming."""
+
+
+class DecisionExpired(IllegalTransition):
+    """The wait's `timeout=` passed before the decision came (ADR 0073); nothing changed."""
+
+
+class _Clocked(Protocol):
+    def store_now(self) -> datetime: ...
+    def row(self, run_id: UUID) -> RunRow | None: ...
+
+
+_DECIDED = frozenset({WaitKind.APPROVAL, WaitKind.INPUT})
 
 
 @dataclass(frozen=True)
@@ -219,10 +233,28 @@ class Decisions:
         run = self.store.load(run_id)
         if run is None:
             raise UnknownRun(f"no run {run_id}")
-        if not run.status.is_waiting:
+        woke = run.state.woke
+        if not run.status.is_decidable:
             if run.state.decision is not None and not run.status.is_terminal:
                 raise AlreadyResuming(f"run {run_id} is already resuming ({run.status})")
+            expired = woke is not None and woke.kind in _DECIDED and run.state.decision is None
+            if expired and woke is not None and run.status is RunStatus.RUNNING:
+                raise DecisionExpired(
+                    f"the {woke.kind.value} of run {run_id} expired; it resumed without it"
+                )
             raise IllegalTransition(f"run {run_id} is not waiting (it is {run.status})")
+        waiting = run.state.waiting
+        if waiting is not None and waiting.timeout_ms is not None:
+            # Judged by the store's clock at the request (ADR 0073), as the reaper judges a
+            # lease (ADR 0049): past the deadline the claim may take the run any moment.
+            clocked = cast(_Clocked, self.store)
+            row = clocked.row(run_id)
+            deadline = row.available_at if row is not None else None
+            if deadline is not None and deadline <= clocked.store_now():
+                raise DecisionExpired(
+                    f"the {waiting.kind.value} of run {run_id} expired at "
+                    f"{deadline.isoformat()}; it resumes without it"
+                )
         return run
 
     def _saved_state(self, run: Run) -> ResumableState:

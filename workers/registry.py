@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
 from steptrail.domain.run import RunEvent
+from steptrail.domain.waits import check_signal_name
 from steptrail.projections.custom import EventContext, FunctionProjection, Projection, Sql
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class App:
         self._tools: dict[str, Effect] = {}
         self._projections: dict[str, Projection] = {}
         self._tool_timeouts: dict[str, float] = {}
+        self._signal_schemas: dict[str, type[BaseModel]] = {}
         self.classifier = Classifier()
 
     def agent(
@@ -160,6 +162,20 @@ class App:
         else:
             self._tool_timeouts[name] = timeout
 
+    def signal(self, name: str, *, schema: type[BaseModel]) -> None:
+        """Declare the payload of the signal `name` (ADR 0073): a delivery whose payload
+        does not validate against `schema` is refused before anything is written, and the
+        stored payload is the model's JSON form."""
+        check_signal_name(name)
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise TypeError("a signal's schema is a pydantic model class")
+        self._signal_schemas[name] = schema
+
+    @property
+    def signal_schemas(self) -> dict[str, type[BaseModel]]:
+        """The declared signal payloads, by name."""
+        return dict(self._signal_schemas)
+
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
         """Map one of your exception types (and its subclasses) to a failure class."""
         self.classifier.register(exc_type, failure_class)
@@ -232,6 +248,7 @@ class App:
         for name, projection in other._projections.items():
             self.add_projection(name, projection)
         self._tool_timeouts.update(other._tool_timeouts)
+        self._signal_schemas.update(other._signal_schemas)
         for exc_type, failure_class in other.classifier._mappings.items():
             self.classifier.register(exc_type, failure_class)
 

@@ -43,6 +43,7 @@ from steptrail.domain.enums import Outcome, RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Checkpoint, Run, RunEvent, RunState
+from steptrail.domain.waits import SignalArrived, SignalGuard
 from steptrail.workers import telemetry
 
 Clock = Callable[[], float]
@@ -175,18 +176,25 @@ class Segment:
                 raise self.lost
             return command(self.run)
 
-    def commit(self, command: Callable[[Run], object], *, resumable: bytes | None = None) -> object:
+    def commit(
+        self,
+        command: Callable[[Run], object],
+        *,
+        resumable: bytes | None = None,
+        unless_signal: SignalGuard | None = None,
+    ) -> object:
         """Apply `command` and append it, with everything pending, fenced.
 
         Returns whatever the command returned. Raises LeaseLost when the run is no longer
-        this segment's.
+        this segment's, and SignalArrived (nothing appended, the command undone) when
+        `unless_signal` finds its signal in the inbox (ADR 0073).
         """
         with self.lock:
             if self.lost is not None:
                 raise self.lost
             checkpoint = self.run.checkpoint()
             result = command(self.run)
-            self._append(checkpoint, resumable)
+            self._append(checkpoint, resumable, unless_signal=unless_signal)
             return result
 
     def try_renew(self) -> None:
@@ -228,7 +236,12 @@ class Segment:
     # -- internals -----------------------------------------------------------------------------
 
     def _append(
-        self, checkpoint: Checkpoint, resumable: bytes | None, *, retry: bool = True
+        self,
+        checkpoint: Checkpoint,
+        resumable: bytes | None,
+        *,
+        retry: bool = True,
+        unless_signal: SignalGuard | None = None,
     ) -> bool:
         """Append every pending event. Returns True once they are confirmed; with
         `retry=False` a store error gives up at once (False: the events stay pending and in
@@ -247,7 +260,11 @@ class Segment:
                 sent = self.clock()
                 ask = self.next_claim
                 try:
-                    if ask is None or self.run.status is RunStatus.RUNNING or not ask.wanted():
+                    if unless_signal is not None:
+                        self.store.append(
+                            self.run, resumable=resumable, unless_signal=unless_signal
+                        )
+                    elif ask is None or self.run.status is RunStatus.RUNNING or not ask.wanted():
                         self.store.append(self.run, resumable=resumable)
                     else:
                         ask.sent = sent
@@ -255,6 +272,9 @@ class Segment:
                             self.run, resumable=resumable, then_claim=ask.request
                         )
                         ask.latency_s = self.clock() - sent
+                except SignalArrived:
+                    self.run.restore(checkpoint)
+                    raise
                 except VersionConflict:
                     # Never a retry of our own write: an attempt that may have landed is
                     # settled by a load before anything is sent again (ADR 0002).

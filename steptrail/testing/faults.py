@@ -28,6 +28,7 @@ from steptrail.domain.enums import FailureClass
 from steptrail.domain.errors import IllegalTransition, VersionConflict
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
+from steptrail.domain.waits import SignalGuard
 from steptrail.workers.context import LiveStep, Recorded, RunContext
 
 T = TypeVar("T")
@@ -95,11 +96,18 @@ class FusedStore:
         self._fuse = fuse
 
     def append(
-        self, run: Run, *, resumable: bytes | None = None, then_claim: ClaimRequest | None = None
+        self,
+        run: Run,
+        *,
+        resumable: bytes | None = None,
+        then_claim: ClaimRequest | None = None,
+        unless_signal: SignalGuard | None = None,
     ) -> list[ClaimedRun]:
         if self._fuse.blown is not None:
             raise self._fuse.blown
-        return self._store.append(run, resumable=resumable, then_claim=then_claim)
+        return self._store.append(
+            run, resumable=resumable, then_claim=then_claim, unless_signal=unless_signal
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

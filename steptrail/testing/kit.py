@@ -154,6 +154,10 @@ class Kit:
     def enqueue(self, agent: str, request: Mapping[str, Any] | None = None, **kw: Any) -> UUID:
         return self.runtime.enqueue(agent, request, **kw)
 
+    def signal(self, run_id: UUID, name: str, payload: Any = None, *, by: str = "test") -> int:
+        """Deliver a signal to the run (as `rt.signal`); returns its number in the inbox."""
+        return self.runtime.signal(run_id, name, payload, by=by).seq
+
     def run_to_end(
         self,
         agent: str,
@@ -182,7 +186,10 @@ class Kit:
         a crashed segment's run is reclaimed by the reaper once its lease expired. At each
         suspension `decide` answers: "approve", "deny", input values, a function of the
         `PendingDecision` returning one of those, or None to stop there (the run stays
-        waiting). Faults fire once each, in whichever segment reaches their step.
+        waiting). A run waiting for a signal stops the drive (deliver it with `signal`, then
+        drive again) unless its wait has a timeout; a sleep's time and every wait's deadline
+        are skipped like a retry delay. Faults fire once each, in whichever segment reaches
+        their step.
         """
         plan = FaultPlan(faults, self.store)
         executor = self._executor(plan)
@@ -194,10 +201,12 @@ class Kit:
                 status = row.status
                 if status.is_terminal:
                     break
-                if status in (RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_INPUT):
-                    if not self._decide(run_id, decide, by):
-                        break
+                if status.is_decidable and self._decide(run_id, decide, by):
                     continue
+                if status.is_waiting and row.available_at is None:
+                    break  # waits for a person or a signal nobody sends here, with no deadline
+                # Queued, or waiting with a deadline (a timer, a timeout): the time is skipped
+                # (or waited out) and the claim takes it (ADR 0073).
                 if status is RunStatus.RUNNING:  # a crashed (or foreign) segment holds it
                     self._wait_until(row.lease_expires_at)
                     self.reap()

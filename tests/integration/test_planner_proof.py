@@ -170,7 +170,7 @@ def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[
     """The claim's scans of the run index: the lock pass's walks of the claim index, and the
     rest (the update finding the picked rows), which must all go by primary key."""
     scans = _scans_of_runs(plan)
-    walks = [n for n in scans if n.get("Index Name") == "steptrail_runs_queued_idx"]
+    walks = [n for n in scans if n.get("Index Name") == "steptrail_runs_available_idx"]
     by_key = [n for n in scans if n not in walks]
     assert all(n.get("Index Name") == "steptrail_runs_pkey" for n in by_key), by_key
     return walks, by_key
@@ -213,7 +213,7 @@ def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str
     inner = _inner(plans, CLAIM_MARKER)
     walks, by_key = _claim_scans(inner)
     assert [(n["Node Type"], n.get("Index Name")) for n in walks] == [
-        ("Index Scan", "steptrail_runs_queued_idx")
+        ("Index Scan", "steptrail_runs_available_idx")
     ]
     assert _read(walks[0]) <= LIMIT  # not the backlog, nor the other agent's runs ahead
     assert _buffers(walks[0]) <= 4 * LIMIT + 20
@@ -242,7 +242,7 @@ def test_pg_claim__several_agents_still_one_batch_each(pg_fresh: str, state: str
     inner = _inner(plans, CLAIM_MARKER)
     walks, _ = _claim_scans(inner)
     (scan,) = walks  # one index walk, looped once per agent
-    assert scan["Index Name"] == "steptrail_runs_queued_idx"
+    assert scan["Index Name"] == "steptrail_runs_available_idx"
     assert _read(scan) <= 3 * LIMIT
     assert _buffers(scan) <= 3 * (4 * LIMIT + 20)
 
@@ -345,7 +345,7 @@ def test_sqlite_claim_and_stale__name_their_index_and_never_sort(
     q = queries("sqlite")
     conn = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=analysed)
     claim = _plan(conn, q["claim"], {"agent": "a", "now": NOW_US, "limit": LIMIT})
-    assert any("steptrail_runs_queued_idx" in d for d in claim), claim
+    assert any("steptrail_runs_available_idx" in d for d in claim), claim
     assert not any("TEMP B-TREE" in d for d in claim), claim
     stale = _plan(conn, q["select_stale"], {"now": NOW_US, "limit": 100})
     assert any("steptrail_runs_lease_idx" in d for d in stale), stale

@@ -333,7 +333,9 @@ class RunMachine(RuleBasedStateMachine):
             m.release(WAITING[kind])
             m.waiting, m.waiting_digest, m.decided, m.resumable = kind, calls, False, True
 
-        self.attempt(m.running, lambda r: r.suspend(kind=kind, digest=calls), Run.Suspended, update)
+        # Only a person's waits are suspensions; timers and signals are WaitStarted (ADR 0073).
+        legal = m.running and kind in WAITING
+        self.attempt(legal, lambda r: r.suspend(kind=kind, digest=calls), Run.Suspended, update)
 
     def do_decide(self, exact: bool, kind: WaitKind, calls: str, approved: bool) -> None:
         m = self.model

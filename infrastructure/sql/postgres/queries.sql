@@ -639,6 +639,7 @@ DELETE FROM steptrail_view_run_summaries WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_view_dead_letters WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_saved WHERE run_id = ANY(%(ids)s::uuid[]);
 DELETE FROM steptrail_journal WHERE run_id = ANY(%(ids)s::uuid[]);
+DELETE FROM steptrail_signals WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
 SELECT tx_id, notification_id, originator_id, originator_version, now() FROM steptrail_events
 WHERE originator_id = ANY(%(ids)s::uuid[])
@@ -898,3 +899,28 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- name: lock_run_row
+-- Signals (ADR 0073): the run's row, locked as steptrail_append locks it, after
+-- lock_as_writer. A signal's delivery and a suspending append that checks the inbox take it
+-- in turn, so either the wait sees the signal or the signal sees the wait.
+SELECT version, status FROM steptrail_runs WHERE run_id = %(run_id)s FOR NO KEY UPDATE;
+
+-- name: next_signal_seq
+SELECT coalesce(max(seq), 0) + 1 AS seq FROM steptrail_signals WHERE run_id = %(run_id)s;
+
+-- name: insert_signal
+INSERT INTO steptrail_signals (run_id, seq, name, payload, sent_by)
+VALUES (%(run_id)s, %(seq)s, %(name)s, %(payload)s, %(sent_by)s);
+
+-- name: select_next_signal
+-- The first unconsumed signal of a name: a wait consumes a run's signals of one name in
+-- arrival order, and its journal entry names the one it took (ADR 0073).
+SELECT seq, name, payload FROM steptrail_signals
+WHERE run_id = %(run_id)s AND name = %(name)s AND seq > %(after)s
+ORDER BY seq
+LIMIT 1;
+
+-- name: select_signals
+SELECT seq, name, sent_by, sent_at, length(payload) AS size FROM steptrail_signals
+WHERE run_id = %(run_id)s ORDER BY seq;

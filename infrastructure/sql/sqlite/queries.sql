@@ -70,9 +70,15 @@ UPDATE steptrail_runs SET
     doc = :doc,
     lease_expires_at = CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
     available_at = CASE
-        WHEN :status <> 'queued' THEN NULL
-        WHEN status = 'queued' THEN available_at
-        ELSE :at + :retry_delay_ms * 1000 END,
+        WHEN :status = 'queued' THEN CASE
+            WHEN status = 'queued' THEN available_at
+            ELSE :at + :retry_delay_ms * 1000 END
+        WHEN :status IN (
+            'waiting_for_approval', 'waiting_for_input', 'waiting_for_timer', 'waiting_for_event'
+        ) AND :retry_delay_ms >= 0 THEN CASE
+            WHEN status = :status AND available_at IS NOT NULL THEN available_at
+            ELSE :at + :retry_delay_ms * 1000 END
+        END,
     updated_at = :at
 WHERE run_id = :run_id;
 
@@ -111,7 +117,7 @@ WHERE originator_id = :run_id AND journal IS NOT NULL;
 
 
 -- name: claim
--- SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
+-- Queued runs, and waiting runs whose deadline passed (ADR 0068). SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
 -- else can write; the caller inserts their Claimed events and runs claim_rows, then folds
 -- Claimed in Python after the commit, so the write lock is held for SQL work only. One
 -- agent per statement (the caller merges several agents' batches): the per-agent claim
@@ -119,9 +125,9 @@ WHERE originator_id = :run_id AND journal IS NOT NULL;
 -- INDEXED BY because SQLite never gathers statistics on its own, and without them it could
 -- rather read every queued run and sort them than walk this index.
 SELECT r.*, s.body AS request
-FROM steptrail_runs AS r INDEXED BY steptrail_runs_queued_idx
+FROM steptrail_runs AS r INDEXED BY steptrail_runs_available_idx
 LEFT JOIN steptrail_saved AS s ON s.run_id = r.run_id AND s.kind = 'request'
-WHERE r.status = 'queued' AND r.agent = :agent AND r.available_at <= :now
+WHERE r.agent = :agent AND r.available_at <= :now AND r.available_at IS NOT NULL
 ORDER BY r.available_at, r.run_id
 LIMIT :limit;
 
@@ -137,7 +143,12 @@ UPDATE steptrail_runs SET
     claim_version = version + 1,
     lease_expires_at = :at + :lease_ms * 1000,
     available_at = NULL,
-    updated_at = :at
+    updated_at = :at,
+    -- Claimed folded from a waiting status (its deadline passed; Run.Claimed.apply).
+    doc = CASE WHEN status = 'queued' THEN doc ELSE json_set(
+        doc, '$.woke', json(json_extract(doc, '$.waiting')), '$.waiting', NULL,
+        '$.wake_after_ms', NULL
+    ) END
 WHERE run_id = :run_id;
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = :run_id;
@@ -471,6 +482,7 @@ WHERE steptrail_view_status_counts.agent = d.agent
 DELETE FROM steptrail_view_run_summaries WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_view_dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM steptrail_saved WHERE run_id IN (SELECT value FROM json_each(:ids));
+DELETE FROM steptrail_signals WHERE run_id IN (SELECT value FROM json_each(:ids));
 INSERT INTO steptrail_purged_events (position_tx, position, run_id, version, purged_at)
 SELECT 0, notification_id, originator_id, originator_version, :now FROM steptrail_events
 WHERE originator_id IN (SELECT value FROM json_each(:ids))
@@ -613,3 +625,25 @@ SELECT recorded_at, state FROM steptrail_events
 WHERE topic = 'steptrail.Run.StepRecorded'
 ORDER BY notification_id DESC
 LIMIT :limit;
+
+-- name: lock_run_row
+-- Signals (ADR 0073): the run's version and status, read inside the write transaction (the
+-- database's write lock is the row lock PostgreSQL takes).
+SELECT version, status FROM steptrail_runs WHERE run_id = :run_id;
+
+-- name: next_signal_seq
+SELECT coalesce(max(seq), 0) + 1 AS seq FROM steptrail_signals WHERE run_id = :run_id;
+
+-- name: insert_signal
+INSERT INTO steptrail_signals (run_id, seq, name, payload, sent_by, sent_at)
+VALUES (:run_id, :seq, :name, :payload, :sent_by, :at);
+
+-- name: select_next_signal
+SELECT seq, name, payload FROM steptrail_signals
+WHERE run_id = :run_id AND name = :name AND seq > :after
+ORDER BY seq
+LIMIT 1;
+
+-- name: select_signals
+SELECT seq, name, sent_by, sent_at, length(payload) AS size FROM steptrail_signals
+WHERE run_id = :run_id ORDER BY seq;
