@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from steptrail.domain.enums import (
     Effect,
@@ -34,178 +34,36 @@ from steptrail.domain.enums import (
 )
 from steptrail.domain.errors import DigestMismatch, IllegalTransition, PendingWrite
 from steptrail.domain.journal import JournalEntry
+from steptrail.domain.run_state import (
+    DECISION_STEP,
+    EVENT_TYPES,
+    Decision,
+    PendingEffect,
+    RunEvent,
+    RunState,
+    Waiting,
+    apply,
+    fold,
+    released_state,
+    settled_state,
+    trace_id_of,
+)
 
-# The step kind that records an agent taking the human decision it resumed with.
-DECISION_STEP = "decision"
-
-# Every event class, by its stored topic. Topics are stable names written into the log, so a
-# module or class rename never orphans stored events; they are never renamed (STYLE 3).
-EVENT_TYPES: dict[str, type[RunEvent]] = {}
-
-
-class PendingEffect(BaseModel):
-    """A write tool that was about to run at step `seq` and has not recorded its result yet.
-
-    `claim_version` names the segment that recorded it: only that segment's result for the
-    same step clears it. After a reclaim the next segment numbers its steps on from the last
-    *recorded* one, so its step `seq` may coincide with a dead segment's unrecorded write.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    seq: int
-    tool: str
-    effect: Effect
-    claim_version: int | None = None
-
-
-class Waiting(BaseModel):
-    """What a suspended run waits for, and the digest a decision must quote."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: WaitKind
-    digest: str
-    since_version: int
-    pending_tools: tuple[str, ...] = ()
-    input_schema: dict[str, Any] | None = None
-
-
-class Decision(BaseModel):
-    """The latest human decision a resumed segment acts on."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: WaitKind
-    approved: bool
-    by: str
-    digest: str
-
-
-_NEW = object.__new__
-_SET = object.__setattr__  # what pydantic itself uses to fill a frozen model
-
-
-class RunState(BaseModel):
-    """Everything folding a run's events yields. Immutable; each event produces a new one."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: UUID
-    agent: str
-    version: int
-    status: RunStatus
-    segment: Segment | None = None
-    holder: str | None = None
-    lease_ms: int | None = None
-    claim_version: int | None = None
-    requeue_count: int = 0
-    retry_delay_ms: int = 0
-    reason: TerminationReason | None = None
-    idempotency_key: str | None = None
-    has_saved_request: bool = False
-    request_digest: str | None = None
-    steps: int = 0
-    pending_effects: tuple[PendingEffect, ...] = ()
-    failure_class: FailureClass | None = None
-    error_type: str | None = None
-    waiting: Waiting | None = None
-    decision: Decision | None = None
-    has_resumable_state: bool = False
-    iterations: int = 0
-    tokens: int = 0
-    cost: float = 0.0
-    trace_parent: str | None = None
-
-    def evolve(self, **changes: Any) -> RunState:
-        """This state with `changes` (field values of the right types, from the events'
-        rules: nothing is validated, as with `model_copy(update=...)`). Built directly:
-        `model_copy` copies the instance, then its dict, field set and private attributes
-        one by one, and every step, claim and settle folds through here (ADR 0053)."""
-        values = self.__dict__.copy()
-        values.update(changes)
-        new = _NEW(type(self))
-        _SET(new, "__dict__", values)
-        _SET(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | changes.keys())
-        _SET(new, "__pydantic_extra__", None)
-        _SET(new, "__pydantic_private__", None)
-        return new
-
-    @property
-    def trace_id(self) -> str | None:
-        """The trace every segment of the run joins (from `trace_parent`), or None."""
-        return trace_id_of(self.trace_parent)
-
-    @property
-    def pending_non_idempotent_write(self) -> bool:
-        return any(p.effect is Effect.NON_IDEMPOTENT_WRITE for p in self.pending_effects)
-
-
-def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
-    """A terminal state: no lease, no saved request, no resumable state; the version
-    advanced in the same copy (`apply` then leaves it alone).
-
-    The pending-effect markers survive on purpose: an auditor must still see that a write may
-    have happened before the run ended.
-    """
-    return _released(
-        state,
-        status,
-        has_saved_request=False,
-        has_resumable_state=False,
-        waiting=None,
-        **changes,
-    )
-
-
-def _released(state: RunState, status: RunStatus, **changes: Any) -> RunState:
-    """The current segment lets go of the run (back to the queue, or waiting for a person);
-    the version advanced in the same copy."""
-    return state.evolve(
-        version=state.version + 1,
-        status=status,
-        segment=None,
-        holder=None,
-        lease_ms=None,
-        claim_version=None,
-        **changes,
-    )
-
-
-class RunEvent(BaseModel):
-    """Base of every run event. `actor` names whoever appended it (a lease holder, the reaper,
-    an operator). Subclasses set `TOPIC` once and forever, and bump `VERSION` with an `upcast`
-    when their payload changes shape."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    TOPIC: ClassVar[str] = ""
-    VERSION: ClassVar[int] = 1
-
-    actor: str
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        if cls.TOPIC:
-            if cls.TOPIC in EVENT_TYPES:
-                raise TypeError(f"duplicate event topic {cls.TOPIC!r}")
-            EVENT_TYPES[cls.TOPIC] = cls
-
-    @classmethod
-    def upcast(cls, data: dict[str, Any], from_version: int) -> dict[str, Any]:
-        """Turn a stored payload of an older class version into the current shape."""
-        raise NotImplementedError(f"{cls.TOPIC} has no upcaster from version {from_version}")
-
-    def apply(self, state: RunState | None) -> RunState:
-        """Fold this event onto the state before it (None for a creation event)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def _require(state: RunState | None) -> RunState:
-        if state is None:
-            raise IllegalTransition("only a creation event can start a run's history")
-        return state
+__all__ = [
+    "DECISION_STEP",
+    "EVENT_TYPES",
+    "Checkpoint",
+    "Decision",
+    "PendingEffect",
+    "Run",
+    "RunEvent",
+    "RunState",
+    "Waiting",
+    "apply",
+    "fold",
+    "trace_id_of",
+    "writes_done",
+]
 
 
 class Run:
@@ -364,7 +222,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(s, RunStatus.COMPLETED, reason=TerminationReason.COMPLETED)
+            return settled_state(s, RunStatus.COMPLETED, reason=TerminationReason.COMPLETED)
 
     class Failed(RunEvent):
         """The run ended in failure without a retry (interactive segment, or a policy reason)."""
@@ -376,7 +234,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(
+            return settled_state(
                 s,
                 RunStatus.FAILED,
                 reason=self.reason,
@@ -392,7 +250,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(s, RunStatus.CANCELLED, reason=TerminationReason.CANCELLED)
+            return settled_state(s, RunStatus.CANCELLED, reason=TerminationReason.CANCELLED)
 
     class Requeued(RunEvent):
         """A transient failure sent the run back to the queue, claimable after `delay_ms`."""
@@ -404,7 +262,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _released(
+            return released_state(
                 s,
                 RunStatus.QUEUED,
                 requeue_count=s.requeue_count + 1,
@@ -421,7 +279,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _released(
+            return released_state(
                 s, RunStatus.QUEUED, requeue_count=s.requeue_count + 1, retry_delay_ms=0
             )
 
@@ -436,7 +294,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(
+            return settled_state(
                 s,
                 RunStatus.FAILED,
                 reason=self.reason,
@@ -468,7 +326,9 @@ class Run:
                 pending_tools=self.pending_tools,
                 input_schema=self.input_schema,
             )
-            return _released(s, status, waiting=waiting, decision=None, has_resumable_state=True)
+            return released_state(
+                s, status, waiting=waiting, decision=None, has_resumable_state=True
+            )
 
     class Decided(RunEvent):
         """A person approved or denied the pending calls (or submitted input), bound to their
@@ -531,7 +391,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _released(
+            return released_state(
                 s,
                 RunStatus.QUEUED,
                 reason=None,
@@ -943,36 +803,9 @@ class Run:
 Checkpoint = tuple[RunState, int, int]
 
 
-def trace_id_of(trace_parent: str | None) -> str | None:
-    """The trace id (32 hex digits) of a W3C `traceparent` value, or None if it is not one."""
-    if trace_parent is None:
-        return None
-    parts = trace_parent.split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
-        return None
-    try:
-        int(parts[1], 16)
-    except ValueError:
-        return None
-    return parts[1]
-
-
 def _check_lease(lease_ms: int) -> None:
     if lease_ms <= 0:
         raise IllegalTransition("a lease must be positive")
-
-
-def apply(state: RunState | None, event: RunEvent) -> RunState:
-    """Fold one event: the event's own rule, then the version advances by one (unless the
-    rule advanced it already, as the step's, the claim's and every settle's or release's do
-    to save a copy)."""
-    new = event.apply(state)
-    if state is None:
-        return new
-    version = state.version + 1
-    if new.version == version:
-        return new
-    return new.evolve(version=version)
 
 
 def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:
@@ -989,10 +822,3 @@ def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:
             if event.error_type is None:
                 done.append(tool)
     return tuple(done)
-
-
-def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:
-    """Fold events in order onto `state` (None: from the beginning)."""
-    for event in events:
-        state = apply(state, event)
-    return state
