@@ -27,6 +27,7 @@ from steptrail.domain.enums import (
     Effect,
     FailureClass,
     PrivacyLevel,
+    RetryMode,
     RunStatus,
     Segment,
     TerminationReason,
@@ -62,7 +63,6 @@ __all__ = [
     "apply",
     "fold",
     "trace_id_of",
-    "writes_done",
 ]
 
 
@@ -388,6 +388,12 @@ class Run:
         cleared_tools: tuple[str, ...] = ()
         # Non-idempotent writes the run had completed, which running it again repeats.
         rerun_tools: tuple[str, ...] = ()
+        # How the run runs again (ADR 0070): the steps before `position` replay from the
+        # journal, those from it on run; `from` also dropped the journal's entries from
+        # `position` on, in this append. The defaults describe every retry stored before
+        # failed runs kept their journal: each restarted from the request.
+        mode: RetryMode = RetryMode.RESTART
+        position: int = 1
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
@@ -682,13 +688,15 @@ class Run:
         actor: str,
         reset_budget: bool = False,
         force: bool = False,
+        mode: RetryMode = RetryMode.RESUME,
+        position: int = 1,
         rerun_writes: tuple[str, ...] = (),
     ) -> None:
         """Put a failed run back on the queue. The caller has checked that its request is
-        still saved, and passes the non-idempotent writes the run completed that running it
-        again would repeat (`writes_done` of its log). Either those or a pending
-        non-idempotent write (one that may have happened) is refused unless `force`, which
-        the event records."""
+        still saved and passes what `retry_plan.plan_retry` made of its journal: how it runs
+        again, from which step `position`, and the recorded non-idempotent writes that
+        repeats. Those, or a pending write (its outcome unknown), are refused unless
+        `force`, which the event records."""
         if self._state.status is not RunStatus.FAILED:
             raise IllegalTransition(
                 f"only a failed run can be retried; this one is {self._state.status}"
@@ -703,10 +711,18 @@ class Run:
                 "retry with --force to run it again on your responsibility"
             )
         if rerun_writes and not force:
+            tools = ", ".join(rerun_writes)
+            if mode is RetryMode.RESTART:
+                raise PendingWrite(
+                    f"the run already did non-idempotent writes ({tools}) and its journal is "
+                    "gone (it failed before failed runs kept theirs), so a retry runs it again "
+                    "from its request, repeating them; retry with --force to take that "
+                    "responsibility"
+                )
             raise PendingWrite(
-                f"the run already did non-idempotent writes ({', '.join(rerun_writes)}) and a "
-                "retry runs it again from its request, repeating them; retry with --force to "
-                "take that responsibility"
+                f"retrying from step {position} runs again the non-idempotent writes "
+                f"the run recorded there or later ({tools}); retry with --force to take "
+                "that responsibility, or from a later step"
             )
         self._trigger(
             self.Retried(
@@ -716,6 +732,8 @@ class Run:
                 previous_reason=self._state.reason,
                 cleared_tools=tuple(p.tool for p in self._state.pending_effects),
                 rerun_tools=tuple(rerun_writes),
+                mode=mode,
+                position=position,
             )
         )
 
@@ -806,19 +824,3 @@ Checkpoint = tuple[RunState, int, int]
 def _check_lease(lease_ms: int) -> None:
     if lease_ms <= 0:
         raise IllegalTransition("a lease must be positive")
-
-
-def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:
-    """The non-idempotent writes a run's log shows as done: a marker, then that step's
-    result recorded without an error. Running the run again from its request repeats them
-    (a settled run's step journal is gone, ADR 0013), so a retry asks for force (ADR 0025)."""
-    started: dict[int, str] = {}
-    done: list[str] = []
-    for event in events:
-        if isinstance(event, Run.EffectPending) and event.effect is Effect.NON_IDEMPOTENT_WRITE:
-            started[event.seq] = event.tool
-        elif isinstance(event, Run.StepRecorded) and event.seq in started:
-            tool = started.pop(event.seq)
-            if event.error_type is None:
-                done.append(tool)
-    return tuple(done)

@@ -45,6 +45,7 @@ from steptrail.infrastructure.store_base import (
     after,
     claimed_event,
     encoded_events,
+    journal_cut,
     keeps_request,
     listing_query,
     pending_entries,
@@ -857,12 +858,18 @@ class SQLiteRunStore(ClaimsOne):
                     {"run_id": run_hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                name = "drop_saved_but_request" if keeps_request(state) else "drop_saved"
-                cur.execute(self.q[name], {"run_id": run_hex})
+                keep = keeps_request(state)  # a failed run keeps its request and journal
+                cur.execute(
+                    self.q["drop_saved_but_request" if keep else "drop_saved"],
+                    {"run_id": run_hex},
+                )
                 # Only a step already in the log can have left an entry: a run that settles
                 # with its first steps (a one-step run, most of all) has none to drop.
-                if state.steps > sum(type(e) is Run.StepRecorded for e in pending):
+                if not keep and state.steps > sum(type(e) is Run.StepRecorded for e in pending):
                     cur.execute(self.q["drop_journal"], {"run_id": run_hex})
+            cut = journal_cut(run)
+            if cut is not None:
+                cur.execute(self.q["drop_journal_from"], {"run_id": run_hex, "position": cut})
             # A settle that claims the worker's next run in the same transaction (ADR 0058):
             # one write-lock turn instead of two. The settled run is claimable only if it
             # was requeued without a delay (available_at = at), as by any other claim.

@@ -7,9 +7,10 @@ from uuid import UUID
 import pytest
 
 from steptrail.domain.digest import digest
-from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason
+from steptrail.domain.enums import Effect, FailureClass, RetryMode, RunStatus, TerminationReason
 from steptrail.domain.errors import IllegalTransition, PendingWrite
-from steptrail.domain.run import Run, fold, writes_done
+from steptrail.domain.retry_plan import writes_done
+from steptrail.domain.run import Run, fold
 
 RUN_ID = UUID("00000000-0000-4000-8000-000000000013")
 WORKER = "worker:host-a:1:aa"
@@ -93,8 +94,8 @@ def test_retry__needs_an_actor() -> None:
 
 
 def test_retry__completed_non_idempotent_writes_need_force() -> None:
-    """Writes the run already did would run again from the top: refused unless forced, and
-    the event names them."""
+    """Writes the run already did that the retry runs again (its journal gone: a restart)
+    are refused unless forced, and the event names them and the mode."""
     run = Run.enqueue(run_id=RUN_ID, agent="a", request_digest=digest({}), actor="api")
     run.claim(holder=WORKER, lease_ms=1000)
     seq = run.mark_effect_pending(tool="charge", effect=Effect.NON_IDEMPOTENT_WRITE)
@@ -103,12 +104,15 @@ def test_retry__completed_non_idempotent_writes_need_force() -> None:
     run.dead_letter(actor=WORKER, reason=TerminationReason.NOT_RETRYABLE, cause="later step")
     done = writes_done(run.pending_events)
     assert done == ("charge",)
-    with pytest.raises(PendingWrite, match="charge"):
-        run.retry(actor="alice", rerun_writes=done)
-    run.retry(actor="alice", rerun_writes=done, force=True)
+    with pytest.raises(PendingWrite, match="charge.*journal is gone"):
+        run.retry(actor="alice", mode=RetryMode.RESTART, rerun_writes=done)
+    with pytest.raises(PendingWrite, match=r"from step 1 .*\(charge\)"):
+        run.retry(actor="alice", mode=RetryMode.FROM, rerun_writes=done)
+    run.retry(actor="alice", mode=RetryMode.RESTART, rerun_writes=done, force=True)
     event = run.pending_events[-1]
     assert isinstance(event, Run.Retried)
     assert (event.forced, event.rerun_tools, event.cleared_tools) == (True, ("charge",), ())
+    assert (event.mode, event.position) == (RetryMode.RESTART, 1)
 
 
 def test_writes_done__only_completed_non_idempotent_writes() -> None:
