@@ -136,8 +136,8 @@ class Retries:
                     raise self._unknown(run_id) from None
                 if now.status is not RunStatus.FAILED:
                     raise AlreadyRetried(
-                        f"run {run_id} was retried by somebody else first (it is "
-                        f"{now.status} now); this retry wrote nothing"
+                        f"run {run_id} was retried by {self._retried_by(run_id, run)} first "
+                        f"(it is {now.status} now); this retry wrote nothing"
                     ) from None
                 continue
             self.log.info(
@@ -152,6 +152,15 @@ class Retries:
             )
             return run
         raise IllegalTransition(f"run {run_id} kept changing; retry did not land")
+
+    def _retried_by(self, run_id: UUID, mine: Run) -> str:
+        """Who appended the retry that beat `mine` (the event right after the version it
+        was read at), or "somebody else" if that was not a retry."""
+        first = mine.committed_version + 1
+        won = self.store.history(run_id, first=first, limit=1)
+        if won and isinstance(won[0].event, Run.Retried):
+            return won[0].event.actor
+        return "somebody else"
 
     def retry_many(
         self,
