@@ -858,15 +858,7 @@ class SQLiteRunStore(ClaimsOne):
                     {"run_id": run_hex, "kind": RESUMABLE, "body": resumable},
                 )
             if drop:
-                keep = keeps_request(state)  # a failed run keeps its request and journal
-                cur.execute(
-                    self.q["drop_saved_but_request" if keep else "drop_saved"],
-                    {"run_id": run_hex},
-                )
-                # Only a step already in the log can have left an entry: a run that settles
-                # with its first steps (a one-step run, most of all) has none to drop.
-                if not keep and state.steps > sum(type(e) is Run.StepRecorded for e in pending):
-                    cur.execute(self.q["drop_journal"], {"run_id": run_hex})
+                self._drop_on_settle(cur, run)
             cut = journal_cut(run)
             if cut is not None:
                 cur.execute(self.q["drop_journal_from"], {"run_id": run_hex, "position": cut})
@@ -878,6 +870,21 @@ class SQLiteRunStore(ClaimsOne):
         if wake:
             self._woken.set()
         return self._claimed(rows, then_claim, at) if then_claim is not None and rows else []
+
+    def _drop_on_settle(self, cur: sqlite3.Cursor, run: Run) -> None:
+        """Inside the settling append's transaction, after its inserts: drop the saved state
+        and the journal, but a failed run's request, and its journal if it has a request
+        to be retried with (`keeps_request`; ADRs 0025, 0070)."""
+        state, run_hex = run.state, run.id.hex
+        keep = keeps_request(state)
+        cur.execute(self.q["drop_saved_but_request" if keep else "drop_saved"], {"run_id": run_hex})
+        if keep:
+            if state.steps:  # this append's own entries included: it runs after the inserts
+                cur.execute(self.q["drop_journal_without_request"], {"run_id": run_hex})
+        # Only a step already in the log can have left an entry: a run that settles with its
+        # first steps (a one-step run, most of all) has none to drop.
+        elif state.steps > sum(type(e) is Run.StepRecorded for e in run.pending_events):
+            cur.execute(self.q["drop_journal"], {"run_id": run_hex})
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

@@ -232,8 +232,9 @@ def keeps_request(state: RunState) -> bool:
     """Whether a settle leaves the saved request and the step journal in place: a *failed*
     run keeps both until it is purged or retried, so that an operator can put it back on
     the queue (ADR 0025) and the retry resumes from the journal instead of repeating what
-    it recorded (ADRs 0068 §4, 0070). Its other saved state is dropped as usual
-    (`drop_saved_but_request`)."""
+    it recorded (ADRs 0068 §4, 0070). Its other saved state is dropped as usual, and so is
+    the journal of a failed run with no request to be retried with (an interactive run):
+    the journal is kept exactly when the request is (`drop_saved_but_request`)."""
     return state.status is RunStatus.FAILED
 
 

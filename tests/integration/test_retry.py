@@ -121,6 +121,9 @@ def test_retry__interactive_run_has_no_request_to_run_again(rt: Runtime) -> None
     assert rt.get(result.run_id).status is RunStatus.FAILED
     with pytest.raises(IllegalTransition, match="no saved request"):
         rt.retry(result.run_id, by="alice")
+    # Nothing can resume it, so it keeps no journal either: kept exactly with a request.
+    assert rt.get(result.run_id).state.steps == 1
+    assert rt.store.journal(result.run_id) == []
 
 
 def test_retry_many__by_agent_reason_and_since(rt: Runtime) -> None:

@@ -185,7 +185,14 @@ SELECT steptrail_append(
 -- A run that settles failed keeps its request and its step journal until it is purged or
 -- retried (ADR 0025, ADR 0070): its append passes drop_saved = false (which also spares the
 -- journal) and runs this in the same transaction instead, which drops the rest of what
--- steptrail_append's drop_saved would have dropped (the resumable state).
+-- steptrail_append's drop_saved would have dropped (the resumable state), and the journal
+-- of a run that has no request to be retried with (an interactive run): the journal is
+-- kept exactly when the request is.
+WITH journal AS (
+    DELETE FROM steptrail_journal WHERE run_id = %(run_id)s AND NOT EXISTS (
+        SELECT 1 FROM steptrail_saved WHERE run_id = %(run_id)s AND kind = 'request'
+    )
+)
 DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 
 -- name: drop_journal_from

@@ -110,6 +110,15 @@ DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
 UPDATE steptrail_events SET journal = NULL
 WHERE originator_id = :run_id AND journal IS NOT NULL;
 
+-- name: drop_journal_without_request
+-- SQLite only (PostgreSQL: drop_saved_but_request): a run that settles failed keeps its
+-- journal exactly when it keeps a request to be retried with (ADR 0070); an interactive
+-- run has none, and its journal goes as with any settle. After the append's inserts, so
+-- the entries the settling append carried go too.
+UPDATE steptrail_events SET journal = NULL
+WHERE originator_id = :run_id AND journal IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM steptrail_saved WHERE run_id = :run_id AND kind = 'request');
+
 -- name: drop_journal_from
 -- `retry --from N` (ADR 0070): the entries at positions N and later go in the same write
 -- transaction as the Retried append, after its events were inserted (the fence: a retry
