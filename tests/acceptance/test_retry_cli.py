@@ -4,10 +4,12 @@ mailer fails at step 3, the fixed code is deployed, and the retry resumes (ADR 0
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
-from tests.acceptance.helpers import steptrail
+from tests.acceptance.helpers import REPO, env_for, steptrail
 
 BUGGY = {"STEPTRAIL_APP": "examples.retry_resumes:buggy_app"}
 FIXED = {"STEPTRAIL_APP": "examples.retry_resumes:app"}
@@ -58,3 +60,22 @@ def test_retry__resumes_and_from_a_write_needs_force_naming_it(db_url: str, tmp_
     assert [(e["mode"], e["position"], e["rerun_tools"]) for e in trails[1]] == [
         ("from", 2, ["send_email"])
     ]
+
+
+def test_example__runs_as_a_script_and_prints_what_the_guide_shows() -> None:
+    """`python examples/retry_resumes.py` tells the guide's story on a temporary SQLite
+    file: refused `--from 2`, a resume at step 3, a completed run, one draft, one e-mail."""
+    done = subprocess.run(
+        [sys.executable, "examples/retry_resumes.py"],
+        cwd=REPO,
+        env=env_for("sqlite:///unused.db"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    guide = (REPO / "docs" / "guides" / "retry.md").read_text()
+    for line in done.stdout.splitlines():
+        assert line in guide, line
+    assert done.stdout.splitlines()[-1] == "really ran: draft, send_email"
