@@ -146,6 +146,17 @@ class WaitKind(StrEnum):
     EVENT = "event"
 
 
+class RetryMode(StrEnum):
+    """How an operator's retry runs a failed run again (ADR 0070): `resume` replays the
+    journal and runs again from the step that failed; `from` replays the steps before a
+    chosen position and runs the rest again; `restart` runs it from its request, its journal
+    being gone (a run that failed before failed runs kept it; every retry recorded then)."""
+
+    RESUME = "resume"
+    FROM = "from"
+    RESTART = "restart"
+
+
 class PrivacyLevel(StrEnum):
     """How much of a step's content the per-step log keeps."""
 

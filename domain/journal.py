@@ -179,28 +179,39 @@ class NonDeterministic(ClassifiedError):
         self.found = found
 
 
+def current(entries: Iterable[JournalEntry]) -> list[JournalEntry]:
+    """The entry that answers each position now, by position: read in step order, an entry
+    for a position at or before one already seen starts that position over (a later segment
+    ran it again), dropping what came after it."""
+    by_position: dict[int, JournalEntry] = {}
+    top = 0
+    for entry in sorted(entries, key=lambda e: e.seq):
+        if entry.position <= top:  # a later segment ran this position again
+            for later in [p for p in by_position if p >= entry.position]:
+                del by_position[later]
+        by_position[entry.position] = entry
+        top = entry.position
+    return [by_position[p] for p in sorted(by_position)]
+
+
+def replayable(entries: Iterable[JournalEntry]) -> list[JournalEntry]:
+    """The entries a segment replays, positions 1..n: the contiguous prefix of `current`,
+    without a trailing failure (the agent did not get past it: that step runs again)."""
+    prefix: list[JournalEntry] = []
+    for expected, entry in enumerate(current(entries), start=1):
+        if entry.position != expected:
+            break
+        prefix.append(entry)
+    if prefix and prefix[-1].failed:
+        prefix.pop()  # a failure that ended its segment: run that step again
+    return prefix
+
+
 class JournalCursor:
     """Hands back recorded outcomes by position (see the module docstring)."""
 
     def __init__(self, entries: Iterable[JournalEntry] = ()) -> None:
-        by_position: dict[int, JournalEntry] = {}
-        top = 0
-        for entry in sorted(entries, key=lambda e: e.seq):
-            if entry.position <= top:  # a later segment ran this position again
-                for later in [p for p in by_position if p >= entry.position]:
-                    del by_position[later]
-            by_position[entry.position] = entry
-            top = entry.position
-        ordered = [by_position[p] for p in sorted(by_position)]
-        # Only a contiguous prefix 1..n can be replayed by position.
-        prefix: list[JournalEntry] = []
-        for expected, entry in enumerate(ordered, start=1):
-            if entry.position != expected:
-                break
-            prefix.append(entry)
-        if prefix and prefix[-1].failed:
-            prefix.pop()  # a failure that ended its segment: run that step again
-        self._entries = prefix
+        self._entries = replayable(entries)
         self.position = 0
         self.replayed = 0
         self.last_seq = 0

@@ -79,8 +79,10 @@ class RunStore(Protocol):
         unless_signal: SignalGuard | None = None,
     ) -> list[ClaimedRun]:
         """Record `run`'s pending events at `run.committed_version + 1 …`, and the journal
-        entries of its pending steps (none if the append settles the run: settling deletes
-        the run's journal and saved state in the same transaction).
+        entries of its pending steps (none if the append completes or cancels the run: that
+        settle deletes the run's journal and saved state in the same transaction; a failed
+        run keeps its journal and request, and a `Retried` in mode `from` deletes the
+        entries from its position on, in the same transaction, ADR 0070).
 
         With `then_claim`, the same transaction then claims runs as `claim_batch` would and
         returns them (ADR 0058): a settle hands its worker the next run without a round trip
@@ -138,7 +140,8 @@ class RunStore(Protocol):
         ...
 
     def journal(self, run_id: UUID) -> list[JournalEntry]:
-        """The run's step journal, in step order (empty once the run settled)."""
+        """The run's step journal, in step order (empty once the run completed or was
+        cancelled; a failed run keeps it until it is retried or purged)."""
         ...
 
     def stale(self, limit: int) -> list[Run]:

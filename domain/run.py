@@ -21,12 +21,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from steptrail.domain.enums import (
     Effect,
     FailureClass,
     PrivacyLevel,
+    RetryMode,
     RunStatus,
     Segment,
     TerminationReason,
@@ -34,15 +35,18 @@ from steptrail.domain.enums import (
 )
 from steptrail.domain.errors import DigestMismatch, IllegalTransition, PendingWrite
 from steptrail.domain.journal import JournalEntry
-
-# The state moved to its own module (ADR 0073); its names are re-exported here.
-from steptrail.domain.state import (
+from steptrail.domain.run_state import (
+    DECISION_STEP,
+    EVENT_TYPES,
     Decision,
     PendingEffect,
+    RunEvent,
     RunState,
     Waiting,
-    _released,
-    _settled,
+    apply,
+    fold,
+    released_state,
+    settled_state,
     trace_id_of,
 )
 
@@ -59,51 +63,7 @@ __all__ = [
     "apply",
     "fold",
     "trace_id_of",
-    "writes_done",
 ]
-
-# The step kind that records an agent taking the human decision it resumed with.
-DECISION_STEP = "decision"
-
-# Every event class, by its stored topic. Topics are stable names written into the log, so a
-# module or class rename never orphans stored events; they are never renamed (STYLE 3).
-EVENT_TYPES: dict[str, type[RunEvent]] = {}
-
-
-class RunEvent(BaseModel):
-    """Base of every run event. `actor` names whoever appended it (a lease holder, the reaper,
-    an operator). Subclasses set `TOPIC` once and forever, and bump `VERSION` with an `upcast`
-    when their payload changes shape."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    TOPIC: ClassVar[str] = ""
-    VERSION: ClassVar[int] = 1
-
-    actor: str
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        if cls.TOPIC:
-            if cls.TOPIC in EVENT_TYPES:
-                raise TypeError(f"duplicate event topic {cls.TOPIC!r}")
-            EVENT_TYPES[cls.TOPIC] = cls
-
-    @classmethod
-    def upcast(cls, data: dict[str, Any], from_version: int) -> dict[str, Any]:
-        """Turn a stored payload of an older class version into the current shape."""
-        raise NotImplementedError(f"{cls.TOPIC} has no upcaster from version {from_version}")
-
-    def apply(self, state: RunState | None) -> RunState:
-        """Fold this event onto the state before it (None for a creation event)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def _require(state: RunState | None) -> RunState:
-        if state is None:
-            raise IllegalTransition("only a creation event can start a run's history")
-        return state
 
 
 class Run:
@@ -276,7 +236,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(s, RunStatus.COMPLETED, reason=TerminationReason.COMPLETED)
+            return settled_state(s, RunStatus.COMPLETED, reason=TerminationReason.COMPLETED)
 
     class Failed(RunEvent):
         """The run ended in failure without a retry (interactive segment, or a policy reason)."""
@@ -288,7 +248,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(
+            return settled_state(
                 s,
                 RunStatus.FAILED,
                 reason=self.reason,
@@ -304,7 +264,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(s, RunStatus.CANCELLED, reason=TerminationReason.CANCELLED)
+            return settled_state(s, RunStatus.CANCELLED, reason=TerminationReason.CANCELLED)
 
     class Requeued(RunEvent):
         """A transient failure sent the run back to the queue, claimable after `delay_ms`."""
@@ -316,7 +276,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _released(
+            return released_state(
                 s,
                 RunStatus.QUEUED,
                 requeue_count=s.requeue_count + 1,
@@ -333,7 +293,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _released(
+            return released_state(
                 s, RunStatus.QUEUED, requeue_count=s.requeue_count + 1, retry_delay_ms=0
             )
 
@@ -348,7 +308,7 @@ class Run:
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _settled(
+            return settled_state(
                 s,
                 RunStatus.FAILED,
                 reason=self.reason,
@@ -383,7 +343,7 @@ class Run:
                 input_schema=self.input_schema,
                 timeout_ms=self.timeout_ms,
             )
-            return _released(
+            return released_state(
                 s,
                 status,
                 waiting=waiting,
@@ -453,10 +413,16 @@ class Run:
         cleared_tools: tuple[str, ...] = ()
         # Non-idempotent writes the run had completed, which running it again repeats.
         rerun_tools: tuple[str, ...] = ()
+        # How the run runs again (ADR 0070): the steps before `position` replay from the
+        # journal, those from it on run; `from` also dropped the journal's entries from
+        # `position` on, in this append. The defaults describe every retry stored before
+        # failed runs kept their journal: each restarted from the request.
+        mode: RetryMode = RetryMode.RESTART
+        position: int = 1
 
         def apply(self, state: RunState | None) -> RunState:
             s = self._require(state)
-            return _released(
+            return released_state(
                 s,
                 RunStatus.QUEUED,
                 reason=None,
@@ -749,13 +715,15 @@ class Run:
         actor: str,
         reset_budget: bool = False,
         force: bool = False,
+        mode: RetryMode = RetryMode.RESUME,
+        position: int = 1,
         rerun_writes: tuple[str, ...] = (),
     ) -> None:
         """Put a failed run back on the queue. The caller has checked that its request is
-        still saved, and passes the non-idempotent writes the run completed that running it
-        again would repeat (`writes_done` of its log). Either those or a pending
-        non-idempotent write (one that may have happened) is refused unless `force`, which
-        the event records."""
+        still saved and passes what `retry_plan.plan_retry` made of its journal: how it runs
+        again, from which step `position`, and the recorded non-idempotent writes that
+        repeats. Those, or a pending write (its outcome unknown), are refused unless
+        `force`, which the event records."""
         if self._state.status is not RunStatus.FAILED:
             raise IllegalTransition(
                 f"only a failed run can be retried; this one is {self._state.status}"
@@ -770,10 +738,18 @@ class Run:
                 "retry with --force to run it again on your responsibility"
             )
         if rerun_writes and not force:
+            tools = ", ".join(rerun_writes)
+            if mode is RetryMode.RESTART:
+                raise PendingWrite(
+                    f"the run already did non-idempotent writes ({tools}) and its journal is "
+                    "gone (it failed before failed runs kept theirs), so a retry runs it again "
+                    "from its request, repeating them; retry with --force to take that "
+                    "responsibility"
+                )
             raise PendingWrite(
-                f"the run already did non-idempotent writes ({', '.join(rerun_writes)}) and a "
-                "retry runs it again from its request, repeating them; retry with --force to "
-                "take that responsibility"
+                f"retrying from step {position} runs again the non-idempotent writes "
+                f"the run recorded there or later ({tools}); retry with --force to take "
+                "that responsibility, or from a later step"
             )
         self._trigger(
             self.Retried(
@@ -783,6 +759,8 @@ class Run:
                 previous_reason=self._state.reason,
                 cleared_tools=tuple(p.tool for p in self._state.pending_effects),
                 rerun_tools=tuple(rerun_writes),
+                mode=mode,
+                position=position,
             )
         )
 
@@ -893,42 +871,6 @@ Checkpoint = tuple[RunState, int, int]
 def _check_lease(lease_ms: int) -> None:
     if lease_ms <= 0:
         raise IllegalTransition("a lease must be positive")
-
-
-def apply(state: RunState | None, event: RunEvent) -> RunState:
-    """Fold one event: the event's own rule, then the version advances by one (unless the
-    rule advanced it already, as the step's, the claim's and every settle's or release's do
-    to save a copy)."""
-    new = event.apply(state)
-    if state is None:
-        return new
-    version = state.version + 1
-    if new.version == version:
-        return new
-    return new.evolve(version=version)
-
-
-def writes_done(events: Iterable[RunEvent]) -> tuple[str, ...]:
-    """The non-idempotent writes a run's log shows as done: a marker, then that step's
-    result recorded without an error. Running the run again from its request repeats them
-    (a settled run's step journal is gone, ADR 0013), so a retry asks for force (ADR 0025)."""
-    started: dict[int, str] = {}
-    done: list[str] = []
-    for event in events:
-        if isinstance(event, Run.EffectPending) and event.effect is Effect.NON_IDEMPOTENT_WRITE:
-            started[event.seq] = event.tool
-        elif isinstance(event, Run.StepRecorded) and event.seq in started:
-            tool = started.pop(event.seq)
-            if event.error_type is None:
-                done.append(tool)
-    return tuple(done)
-
-
-def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:
-    """Fold events in order onto `state` (None: from the beginning)."""
-    for event in events:
-        state = apply(state, event)
-    return state
 
 
 # The waits' events are run events too: importing their module registers their topics

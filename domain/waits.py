@@ -24,7 +24,7 @@ from typing import ClassVar
 from steptrail.domain.enums import RunStatus, WaitKind
 from steptrail.domain.errors import DomainError, IllegalTransition
 from steptrail.domain.run import Run, RunEvent
-from steptrail.domain.state import RunState, Waiting, _released
+from steptrail.domain.run_state import RunState, Waiting, released_state
 
 # The step kinds that record a wait's outcome in the journal (and the trail).
 SLEEP_STEP = "sleep"
@@ -85,7 +85,7 @@ class WaitStarted(RunEvent):
             seq=self.seq,
             timeout_ms=self.timeout_ms,
         )
-        return _released(
+        return released_state(
             s, _STATUS[self.kind], waiting=waiting, decision=None, wake_after_ms=self.timeout_ms
         )
 

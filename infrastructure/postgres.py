@@ -51,6 +51,7 @@ from steptrail.infrastructure.store_base import (
     after,
     claimed_event,
     encoded_events,
+    journal_cut,
     journal_from_rows,
     journal_rows,
     keeps_request,
@@ -491,8 +492,15 @@ class PostgresRunStore(PostgresSignals, ClaimsOne):
             return []
         name, params = self.append_statement(run, resumable=resumable)
         rows: list[DictRow] = []
+        cut = journal_cut(run)
         with self._connection() as conn:
-            if not (run.state.status.is_terminal and keeps_request(run.state)):
+            if cut is not None:
+                # `retry --from N` (rare): the append, then the entries from N on, in one
+                # transaction; the function's fence raises first if another retry won.
+                with conn.transaction():
+                    conn.execute(self.q[name], params, prepare=True)
+                    conn.execute(self.q["drop_journal_from"], {"run_id": run.id, "position": cut})
+            elif not (run.state.status.is_terminal and keeps_request(run.state)):
                 if then_claim is None:
                     conn.execute(self.q[name], params, prepare=True)
                 else:
@@ -501,7 +509,8 @@ class PostgresRunStore(PostgresSignals, ClaimsOne):
                     rows = cur.fetchall()
             else:
                 # A failed settle (rare): the append with drop_saved off, then everything
-                # saved but the request, and the journal, in one transaction. Kept out of
+                # saved but the request (and the journal, which it keeps too; ADR 0070),
+                # in one transaction. Kept out of
                 # steptrail_append so that its one-round-trip hot path stays as it is. It
                 # claims nothing: the worker claims for the freed slot as usual.
                 with conn.transaction():

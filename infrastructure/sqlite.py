@@ -47,6 +47,7 @@ from steptrail.infrastructure.store_base import (
     after,
     claimed_event,
     encoded_events,
+    journal_cut,
     keeps_request,
     listing_query,
     pending_entries,
@@ -511,6 +512,7 @@ class _FileWrite:
 class _PreparedAppend:
     """An append encoded outside the write lock: what `_write_append` writes inside it."""
 
+    run: Run
     run_hex: str
     state: RunState
     doc: str
@@ -518,7 +520,6 @@ class _PreparedAppend:
     events: list[tuple[Any, ...]]
     resumable: bytes | None
     drop: bool
-    drop_journal: bool
     wake: bool
 
 
@@ -884,10 +885,7 @@ class SQLiteRunStore(SQLiteSignals, ClaimsOne):
             raise RuntimeError(f"journal entries without their step's event: {sorted(cells)}")
         # Only a step already in the log can have left an entry: a run that settles with
         # its first steps (a one-step run, most of all) has none to drop.
-        drop_journal = drop and state.steps > sum(type(e) is Run.StepRecorded for e in pending)
-        return _PreparedAppend(
-            run_hex, state, doc, params, events, resumable, drop, drop_journal, wake
-        )
+        return _PreparedAppend(run, run_hex, state, doc, params, events, resumable, drop, wake)
 
     def _write_append(self, cur: sqlite3.Cursor, at: int, p: _PreparedAppend) -> None:
         if len(p.events) == 1:
@@ -908,10 +906,25 @@ class SQLiteRunStore(SQLiteSignals, ClaimsOne):
                 {"run_id": p.run_hex, "kind": RESUMABLE, "body": p.resumable},
             )
         if p.drop:
-            name = "drop_saved_but_request" if keeps_request(p.state) else "drop_saved"
-            cur.execute(self.q[name], {"run_id": p.run_hex})
-            if p.drop_journal:
-                cur.execute(self.q["drop_journal"], {"run_id": p.run_hex})
+            self._drop_on_settle(cur, p.run)
+        cut = journal_cut(p.run)
+        if cut is not None:
+            cur.execute(self.q["drop_journal_from"], {"run_id": p.run_hex, "position": cut})
+
+    def _drop_on_settle(self, cur: sqlite3.Cursor, run: Run) -> None:
+        """Inside the settling append's transaction, after its inserts: drop the saved state
+        and the journal, but a failed run's request, and its journal if it has a request
+        to be retried with (`keeps_request`; ADRs 0025, 0070)."""
+        state, run_hex = run.state, run.id.hex
+        keep = keeps_request(state)
+        cur.execute(self.q["drop_saved_but_request" if keep else "drop_saved"], {"run_id": run_hex})
+        if keep:
+            if state.steps:  # this append's own entries included: it runs after the inserts
+                cur.execute(self.q["drop_journal_without_request"], {"run_id": run_hex})
+        # Only a step already in the log can have left an entry: a run that settles with its
+        # first steps (a one-step run, most of all) has none to drop.
+        elif state.steps > sum(type(e) is Run.StepRecorded for e in run.pending_events):
+            cur.execute(self.q["drop_journal"], {"run_id": run_hex})
 
     def claim_batch(
         self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int

@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
-from steptrail.domain.enums import RunStatus
+from steptrail.domain.enums import RetryMode, RunStatus
 from steptrail.domain.errors import DomainError, StoreUnavailable, UnreadableRun
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun
@@ -230,20 +230,39 @@ def side_effects(state: RunState) -> tuple[bool, bool]:
 
 
 def keeps_request(state: RunState) -> bool:
-    """Whether a settle leaves the saved request in place: a *failed* run keeps it until it
-    is purged or retried, so that an operator can put it back on the queue (ADR 0025). Its
-    other saved state is dropped as usual (`drop_saved_but_request`)."""
+    """Whether a settle leaves the saved request and the step journal in place: a *failed*
+    run keeps both until it is purged or retried, so that an operator can put it back on
+    the queue (ADR 0025) and the retry resumes from the journal instead of repeating what
+    it recorded (ADRs 0068 §4, 0070). Its other saved state is dropped as usual, and so is
+    the journal of a failed run with no request to be retried with (an interactive run):
+    the journal is kept exactly when the request is (`drop_saved_but_request`)."""
     return state.status is RunStatus.FAILED
 
 
 def pending_entries(run: Run) -> tuple[tuple[int, JournalEntry], ...]:
     """(step seq, entry) of the journal entries to write with `run`'s pending events: none
-    when the append settles the run, since settling deletes the journal in the same
-    transaction (ADR 0013)."""
+    when the append completes or cancels the run, since that settle deletes the journal in
+    the same transaction (ADR 0013); a failed run's are written, as it keeps its journal
+    (`keeps_request`): the steps a failing segment recorded last (batched model calls, the
+    step that raised) are what its retry replays or runs again."""
     pending = run.pending_journal
-    if not pending or run.state.status.is_terminal:
+    if not pending:
+        return ()
+    state = run.state
+    if state.status.is_terminal and not keeps_request(state):
         return ()
     return pending
+
+
+def journal_cut(run: Run) -> int | None:
+    """The position from which the append deletes `run`'s journal entries: that of a
+    pending `Retried` in mode `from` (`retry --from N`, ADR 0070), so the steps from
+    there on run again; None (nothing deleted) otherwise. The deletion rides in the same
+    fenced transaction as the event: a retry that loses the race deletes nothing."""
+    for event in run.pending_events:
+        if type(event) is Run.Retried and event.mode is RetryMode.FROM:
+            return event.position
+    return None
 
 
 def journal_rows(run: Run) -> list[dict[str, Any]]:

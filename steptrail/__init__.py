@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         FailureClass,
         Outcome,
         PrivacyLevel,
+        RetryMode,
         RunStatus,
         TerminationReason,
     )
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     )
     from steptrail.domain.journal import NonDeterministic, ReplayedError
     from steptrail.domain.ports import RecordedEvent
+    from steptrail.domain.retry_plan import InvalidRetryPosition, RetryPlan
     from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
     from steptrail.infrastructure.settings import Settings
     from steptrail.projections.custom import (
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
         Tracking,
     )
     from steptrail.projections.run_index import RunRow
-    from steptrail.runtime import InvalidItem, InvalidRequest, RetryReport, Runtime, open_runtime
+    from steptrail.runtime import InvalidItem, InvalidRequest, Runtime, open_runtime
     from steptrail.workers.async_context import AsyncRunContext
     from steptrail.workers.context import (
         AwaitableInSyncStep,
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
     from steptrail.workers.execute import AwaitableAgent, LoopAlreadyRunning, SegmentResult
     from steptrail.workers.reaper import ReapReport
     from steptrail.workers.registry import App, UnknownAgent
+    from steptrail.workers.retries import AlreadyRetried, RetryReport
     from steptrail.workers.segment import LeaseLost
     from steptrail.workers.signals import SignalSent
     from steptrail.workers.waits import WaitTimedOut
@@ -83,6 +86,7 @@ if TYPE_CHECKING:
 # driver, structlog and pydantic-ai's seams (ADR 0043). `from steptrail import X` and
 # `steptrail.X` import X's module on first use (PEP 562).
 _WHERE: dict[str, str] = {
+    "AlreadyRetried": "steptrail.workers.retries",
     "App": "steptrail.workers.registry",
     "AsyncRunContext": "steptrail.workers.async_context",
     "AsyncRuntime": "steptrail.async_runtime",
@@ -100,6 +104,7 @@ _WHERE: dict[str, str] = {
     "InvalidInput": "steptrail.domain.errors",
     "InvalidItem": "steptrail.runtime",
     "InvalidRequest": "steptrail.runtime",
+    "InvalidRetryPosition": "steptrail.domain.retry_plan",
     "LeaseLost": "steptrail.workers.segment",
     "LoopAlreadyRunning": "steptrail.workers.execute",
     "NonDeterministic": "steptrail.domain.journal",
@@ -113,7 +118,9 @@ _WHERE: dict[str, str] = {
     "RecordedEvent": "steptrail.domain.ports",
     "ReplayedError": "steptrail.domain.journal",
     "Resumption": "steptrail.workers.context",
-    "RetryReport": "steptrail.runtime",
+    "RetryMode": "steptrail.domain.enums",
+    "RetryPlan": "steptrail.domain.retry_plan",
+    "RetryReport": "steptrail.workers.retries",
     "RunContext": "steptrail.workers.context",
     "RunFailed": "steptrail.workers.context",
     "RunRow": "steptrail.projections.run_index",
@@ -153,6 +160,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AlreadyRetried",
     "App",
     "AsyncRunContext",
     "AsyncRuntime",
@@ -170,6 +178,7 @@ __all__ = [
     "InvalidInput",
     "InvalidItem",
     "InvalidRequest",
+    "InvalidRetryPosition",
     "LeaseLost",
     "LoopAlreadyRunning",
     "NonDeterministic",
@@ -183,6 +192,8 @@ __all__ = [
     "RecordedEvent",
     "ReplayedError",
     "Resumption",
+    "RetryMode",
+    "RetryPlan",
     "RetryReport",
     "RunContext",
     "RunFailed",

@@ -11,7 +11,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,8 @@ from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, InvalidActor, UnknownRun, VersionConflict
 from steptrail.domain.ids import ENTROPY_BYTES, time_ordered_id
 from steptrail.domain.limits import ENQUEUE_BATCH, PayloadRejected, check_depth, check_size
-from steptrail.domain.run import Run, fold, writes_done
+from steptrail.domain.retry_plan import RetryPlan
+from steptrail.domain.run import Run, fold
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.feed import read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from steptrail.workers.projector import Projector
     from steptrail.workers.reaper import Reaper, ReapReport
     from steptrail.workers.retention import PurgeReport, RetentionPolicy
+    from steptrail.workers.retries import Retries, RetryReport
     from steptrail.workers.signals import SignalSent
     from steptrail.workers.telemetry import CreationProbe
     from steptrail.workers.worker import Worker, WorkerReport
@@ -80,14 +81,6 @@ def new_run_id() -> UUID:
     rows of runs made together share pages and a purge of the oldest runs walks one end of
     every table keyed by run (ADR 0052)."""
     return time_ordered_id(time.time_ns() // 1_000_000, os.urandom(ENTROPY_BYTES))
-
-
-@dataclass
-class RetryReport:
-    """What a bulk retry did: the runs put back on the queue, and those refused (with why)."""
-
-    retried: list[UUID] = field(default_factory=list)
-    refused: list[tuple[UUID, str]] = field(default_factory=list)
 
 
 class InvalidRequest(ValueError):
@@ -465,48 +458,52 @@ class Runtime:
             log=self.log,
         ).send(run_id, name, payload, by=by)
 
+    def retries(self) -> Retries:
+        from steptrail.workers.retries import Retries
+
+        return Retries(self.store, self.log, self._unknown)
+
     def retry(
-        self, run_id: UUID, *, by: str, reset_budget: bool = False, force: bool = False
+        self,
+        run_id: UUID,
+        *,
+        by: str,
+        reset_budget: bool = False,
+        force: bool = False,
+        from_position: int | None = None,
     ) -> RunRow:
         """Put a failed run (dead-lettered or not) back on the queue, recorded as
-        `Run.Retried` with `by`. Its requeue budget carries on unless `reset_budget`. It
-        re-runs from its saved request (kept for failed runs until purge, ADR 0025), from
-        the top: its step journal went when it settled.
+        `Run.Retried` with `by`. Its requeue budget carries on unless `reset_budget`.
+
+        The run kept its saved request and step journal when it failed (ADR 0070), so the
+        worker that takes it replays every recorded step (writes are not repeated, model
+        calls not paid again) and runs on from the step that failed. With `from_position`
+        N, steps 1..N-1 replay and N on run again (their journal entries are dropped in the
+        same fenced append).
 
         Raises:
             UnknownRun: no such run.
-            PendingWrite: a non-idempotent write may have happened, or was done and would
-                run again (pass `force`).
+            PendingWrite: a non-idempotent write's outcome is unknown (a marker without a
+                result), or a recorded one is at or after `from_position` (pass `force`).
+            InvalidRetryPosition: `from_position` is below 1 or past the recorded steps + 1.
+            AlreadyRetried: somebody else retried it first; nothing was written.
             IllegalTransition: the run is not failed, or has no saved request.
             InvalidActor: `by` is not an acceptable actor name.
         """
-        check_actor(by)
-        for _ in range(CANCEL_ATTEMPTS):
-            run = self.store.load(run_id)
-            if run is None:
-                raise self._unknown(run_id)
-            if run.status is RunStatus.FAILED and self.store.saved(run_id, "request") is None:
-                raise IllegalTransition(
-                    f"run {run_id} has no saved request to run again (it was started "
-                    "interactively, or it failed before failed runs kept their request); "
-                    "enqueue a new run instead"
-                )
-            done = writes_done(e.event for e in self.store.history(run_id))
-            run.retry(actor=by, reset_budget=reset_budget, force=force, rerun_writes=done)
-            try:
-                self.store.append(run)
-            except VersionConflict:
-                continue  # another operator retried it (or purge took it); look again
-            self.log.info(
-                "run_retried",
-                run_id=str(run_id),
-                by=by,
-                version=run.version,
-                reset_budget=reset_budget,
-                forced=force,
-            )
-            return self.get(run_id)
-        raise IllegalTransition(f"run {run_id} kept changing; retry did not land")
+        self.retries().retry(
+            run_id, by=by, reset_budget=reset_budget, force=force, from_position=from_position
+        )
+        return self.get(run_id)
+
+    def retry_plan(self, run_id: UUID, *, from_position: int | None = None) -> RetryPlan:
+        """What `retry` would do now (nothing is written): the step it runs again from, and
+        the recorded non-idempotent writes that repeats (which need `force`).
+
+        Raises:
+            UnknownRun: no such run.
+            InvalidRetryPosition: `from_position` is out of the journal's range.
+        """
+        return self.retries().plan(run_id, from_position=from_position)[1]
 
     def retry_many(
         self,
@@ -519,26 +516,17 @@ class Runtime:
         force: bool = False,
         limit: int = 1000,
     ) -> RetryReport:
-        """Retry every failed run of `agent` ended for `reason` since `since` (at most
-        `limit`, oldest first). A run that cannot be retried is reported, not raised."""
-        if limit < 1:
-            raise ValueError("limit must be a positive integer")
-        check_actor(by)
-        ids = self.store.failed_ids(
-            agent=agent,
-            reason=TerminationReason(reason).value if reason else None,
+        """Retry (resuming) every failed run of `agent` ended for `reason` since `since` (at
+        most `limit`, oldest first). A run that cannot be retried is reported, not raised."""
+        return self.retries().retry_many(
+            by=by,
             since=since,
+            agent=agent,
+            reason=reason,
+            reset_budget=reset_budget,
+            force=force,
             limit=limit,
         )
-        report = RetryReport()
-        for run_id in ids:
-            try:
-                self.retry(run_id, by=by, reset_budget=reset_budget, force=force)
-            except (IllegalTransition, UnknownRun) as error:
-                report.refused.append((run_id, str(error)))
-            else:
-                report.retried.append(run_id)
-        return report
 
     # -- people in the loop --------------------------------------------------------------------
 

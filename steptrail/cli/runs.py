@@ -521,9 +521,20 @@ def retry(
         bool,
         typer.Option(
             "--force",
-            help="Retry even though a non-idempotent write may have happened (recorded).",
+            help="Retry even though a non-idempotent write's outcome is unknown, or a "
+            "recorded one would run again (--from); recorded.",
         ),
     ] = False,
+    from_position: Annotated[
+        int | None,
+        typer.Option(
+            "--from",
+            metavar="N",
+            min=1,
+            help="Run again from step N: steps before N replay from the journal, N and "
+            "later run again (default: resume at the step that failed).",
+        ),
+    ] = None,
     agent: Annotated[
         str | None, typer.Option("--agent", help="Bulk: failed runs of this agent.")
     ] = None,
@@ -539,21 +550,34 @@ def retry(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Bulk: at most this many.")] = 1000,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Put a failed run back on the queue (dead-lettered or not), recorded with --by. Refused
-    for a run that is not failed, and for one whose non-idempotent write may have happened
+    """Put a failed run back on the queue (dead-lettered or not), recorded with --by. It
+    resumes: the steps it recorded replay from its journal (writes are not repeated, model
+    calls not paid again) and it runs on from the step that failed; --from N runs steps N
+    and later again. Refused for a run that is not failed, for one whose non-idempotent
+    write's outcome is unknown, and for --from N before a recorded non-idempotent write,
     unless --force. With --agent/--reason/--since instead of RUN_ID: every matching failed
-    run (a refused one is reported and skipped; exit 1 if any was refused)."""
+    run, resumed (a refused one is reported and skipped; exit 1 if any was refused)."""
     bulk = agent is not None or reason is not None or since is not None
     if (run_id is None) == (not bulk):
         raise typer.BadParameter("give a RUN_ID, or --agent/--reason/--since (not both)")
+    if bulk and from_position is not None:
+        raise typer.BadParameter("--from takes one RUN_ID, not --agent/--reason/--since")
     if run_id is not None:
         rid = parse_run_id(run_id)
         with runtime(ctx) as rt:
-            row = rt.retry(rid, by=by, reset_budget=reset_budget, force=force)
+            row = rt.retry(
+                rid, by=by, reset_budget=reset_budget, force=force, from_position=from_position
+            )
+            last = rt.history(rid, first=row.state.version)[0].event
+        from steptrail.domain.run import Run  # the pydantic models, only when needed
+
         if as_json:
             emit_json(row_dict(row))
         else:
-            out.print(f"{rid} {row.status.value} (requeues so far: {row.state.requeue_count})")
+            how = ""
+            if isinstance(last, Run.Retried):
+                how = f"{last.mode.value} at step {last.position}, "
+            out.print(f"{rid} {row.status.value} ({how}requeues so far: {row.state.requeue_count})")
         return
     start = parse_since(since) if since is not None else datetime.fromtimestamp(0, UTC)
     with runtime(ctx) as rt:

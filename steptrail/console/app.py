@@ -42,6 +42,7 @@ from steptrail.domain.errors import (
     UnknownRun,
 )
 from steptrail.domain.ids import short_id
+from steptrail.domain.retry_plan import InvalidRetryPosition
 from steptrail.runtime import Runtime
 
 OPERATOR_COOKIE = "steptrail_operator"
@@ -212,7 +213,7 @@ class Console:
             await run_in_threadpool(use_case)
         except UnknownRun as error:
             return self.problem(request, 404, str(error))
-        except (InvalidInput, InvalidActor, DigestMismatch) as error:
+        except (InvalidInput, InvalidActor, DigestMismatch, InvalidRetryPosition) as error:
             return self.problem(request, 422, str(error))
         except DomainError as error:
             return self.problem(request, 409, str(error))
@@ -230,8 +231,15 @@ class Console:
         if action == "cancel":
             return lambda: rt.cancel(run_id, by=by)
         if action == "retry":
+            text = form.get("from", "").strip()
+            if text and not (text.isascii() and text.isdigit()):
+                return lambda: _raise(InvalidInput("from step: a whole number, 1 or more"))
             return lambda: rt.retry(
-                run_id, by=by, reset_budget="reset_budget" in form, force="force" in form
+                run_id,
+                by=by,
+                reset_budget="reset_budget" in form,
+                force="force" in form,
+                from_position=int(text) if text else None,
             )
         if action in ("approve", "deny"):
             if digest is None:

@@ -21,7 +21,8 @@ from steptrail.console.forms import Field, fields_for
 from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import DomainError
 from steptrail.domain.ports import RecordedEvent
-from steptrail.domain.run import Run, RunState, fold, writes_done
+from steptrail.domain.retry_plan import RetryPlan
+from steptrail.domain.run import Run, RunState, fold
 from steptrail.infrastructure.reporting_store import PageKey
 from steptrail.projections.reporting import DeadLetterRow, RunSummary
 from steptrail.runtime import Runtime
@@ -214,7 +215,10 @@ class RunPage:
     state_json: str
     decision: Decision | str | None
     request_kept: bool
-    rerun_writes: tuple[str, ...]
+    # What a retry would do (a failed run only): where it runs again, and the recorded
+    # non-idempotent writes any retry from step 1 would repeat (what `force` is for).
+    retry: RetryPlan | None = None
+    recorded_writes: tuple[str, ...] = ()
 
 
 def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
@@ -227,6 +231,7 @@ def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
     if at_version is not None:
         shown, _ = rt.audit(run_id, at_version)
     waiting = state.status.is_waiting and state.decision is None
+    failed = state.status is RunStatus.FAILED
     return RunPage(
         run_id=run_id,
         state=state,
@@ -237,7 +242,8 @@ def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
         state_json=json.dumps(shown.model_dump(mode="json"), indent=2, sort_keys=True),
         decision=decision(rt, run_id, queueable=state.has_saved_request) if waiting else None,
         request_kept=rt.store.saved(run_id, "request") is not None,
-        rerun_writes=writes_done(e.event for e in events) if state.status.is_terminal else (),
+        retry=rt.retry_plan(run_id) if failed else None,
+        recorded_writes=rt.retry_plan(run_id, from_position=1).rerun_writes if failed else (),
     )
 
 

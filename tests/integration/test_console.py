@@ -205,6 +205,48 @@ def test_retry__refused_for_a_completed_run_with_a_clear_message(rt: Runtime) ->
     assert event_count(rt, run_id) == before
 
 
+MAILED = {
+    "steps": 3,
+    "tool": {"effect": "non_idempotent_write", "at": 2},
+    "fail": {"class": "auth", "at": 3},
+}
+
+
+def test_retry__the_form_resumes_or_reruns_from_a_step_through_the_use_case(
+    rt: Runtime,
+) -> None:
+    """The run page says where a retry resumes and offers a step to run again from; from a
+    step before the recorded e-mail it needs force (409 naming send_email, nothing
+    written), a step outside the journal or not a number is refused (422), and a forced
+    retry from step 2 is recorded with its mode and position (ADR 0070)."""
+    run_id = settle(rt, MAILED)
+    c = client(rt)
+    token = csrf(c)
+    page = c.get(f"/runs/{run_id}").text
+    assert 'name="from"' in page
+    assert "steps 1 to 2 replay from the journal" in page
+    assert "send_email" in page
+    before = event_count(rt, run_id)
+    refused = c.post(f"/runs/{run_id}/retry", data={"csrf": token, "from": "2"})
+    assert refused.status_code == 409
+    assert "send_email" in refused.text
+    for bad, says in (("9", "from step 1 to 3"), ("two", "whole number"), ("-1", "whole")):
+        answer = c.post(f"/runs/{run_id}/retry", data={"csrf": token, "from": bad})
+        assert answer.status_code == 422, bad
+        assert says in answer.text
+    assert event_count(rt, run_id) == before
+    done = c.post(f"/runs/{run_id}/retry", data={"csrf": token, "from": "2", "force": "on"})
+    assert done.status_code == 303
+    retried = rt.history(run_id)[-1].event
+    assert isinstance(retried, Run.Retried)
+    assert (retried.actor, retried.mode.value, retried.position, retried.forced) == (
+        "console:test",
+        "from",
+        2,
+        True,
+    )
+
+
 def test_operator__name_set_on_the_page_is_recorded(rt: Runtime) -> None:
     """A name set in the header is the actor of the next action."""
     c = client(rt)

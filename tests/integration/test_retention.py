@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from steptrail import App, RunContext
-from steptrail.domain.enums import RunStatus
+from steptrail.domain.enums import RunStatus, TerminationReason
 from steptrail.domain.errors import UnknownRun
 from steptrail.domain.retention import Category, RetentionPolicy
 from steptrail.runtime import Runtime
@@ -351,6 +351,52 @@ def test_purge__canary_in_a_journaled_result_leaves_zero_bytes(db_url: str) -> N
         assert canary not in all_table_text(rt)
         assert rt.store.journal(run_id) == []
         if rt.store.backend == "sqlite":
+            assert canary.encode() not in sqlite_bytes(rt)
+    finally:
+        rt.close()
+
+
+def test_purge__canary_in_the_journal_of_a_retried_then_failed_run_leaves_zero_bytes(
+    db_url: str,
+) -> None:
+    """A failed run keeps its journal for a retry (ADR 0070): a canary returned by a step of
+    a run that failed, was retried (replaying that step) and failed again is held by the
+    journal alone, and the purge removes it: from every table on both backends, and from
+    the SQLite database and WAL files, before and after a checkpoint."""
+    seed = uuid.uuid4().hex
+    canary = f"CANARY-{seed[::-1]}"
+    app = App()
+    made: list[str] = []
+
+    @app.agent("retried")
+    def agent(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("make", lambda: made.append("make") or f"CANARY-{request['seed'][::-1]}")
+        ctx.step("step", "broken", lambda: {}["missing"])  # a bug: KeyError, every time
+        return {}
+
+    rt = make_runtime(db_url, app=app)  # privacy: metadata (the default)
+    try:
+        run_id = rt.enqueue("retried", {"seed": seed})
+        rt.work(burst=True)
+        rt.retry(run_id, by="ops")
+        rt.work(burst=True)
+        row = rt.get(run_id)
+        assert (row.status, row.state.reason) == (RunStatus.FAILED, TerminationReason.NOT_RETRYABLE)
+        assert made == ["make"]  # the retry replayed it
+        assert [e.value for e in rt.store.journal(run_id) if not e.failed] == [canary]
+        rt.project()
+        assert all_table_text(rt).count(canary) == 1  # the journal entry, nowhere else
+        if rt.store.backend == "sqlite":
+            assert canary.encode() in sqlite_bytes(rt)  # the raw scan can see it
+        age(rt, [run_id], days=40)
+        assert rt.purge().total == 1
+        assert canary not in all_table_text(rt)
+        assert rt.store.journal(run_id) == []
+        if rt.store.backend == "sqlite":
+            assert canary.encode() not in sqlite_bytes(rt)
+            store: Any = rt.store
+            with sqlite3.connect(store.db_name) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             assert canary.encode() not in sqlite_bytes(rt)
     finally:
         rt.close()

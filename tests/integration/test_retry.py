@@ -12,7 +12,7 @@ import pytest
 
 from steptrail import App, RunContext
 from steptrail.domain.classifier import ClassifiedError
-from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason
+from steptrail.domain.enums import Effect, FailureClass, RetryMode, RunStatus, TerminationReason
 from steptrail.domain.errors import IllegalTransition, PendingWrite, UnknownRun
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
@@ -66,8 +66,11 @@ def test_retry__dead_letter_runs_again_and_completes(rt: Runtime, flaky: dict[st
     trail = rt.history(run_id)
     retried = [h.event for h in trail if isinstance(h.event, Run.Retried)]
     assert [(e.actor, e.forced, e.reset_budget) for e in retried] == [("alice", False, False)]
-    assert topics(rt, run_id)[-2:] == ["StepRecorded", "Completed"]
+    # The step the run recorded replays from its kept journal (ADR 0070); completing drops it.
+    assert topics(rt, run_id)[-4:] == ["Retried", "Claimed", "Replayed", "Completed"]
+    assert (retried[0].mode, retried[0].position) == (RetryMode.RESUME, 2)
     assert rt.store.saved(run_id, "request") is None
+    assert rt.store.journal(run_id) == []
 
 
 def test_retry__views_follow_the_run_back_to_the_queue(rt: Runtime) -> None:
@@ -118,6 +121,9 @@ def test_retry__interactive_run_has_no_request_to_run_again(rt: Runtime) -> None
     assert rt.get(result.run_id).status is RunStatus.FAILED
     with pytest.raises(IllegalTransition, match="no saved request"):
         rt.retry(result.run_id, by="alice")
+    # Nothing can resume it, so it keeps no journal either: kept exactly with a request.
+    assert rt.get(result.run_id).state.steps == 1
+    assert rt.store.journal(result.run_id) == []
 
 
 def test_retry_many__by_agent_reason_and_since(rt: Runtime) -> None:
@@ -135,9 +141,10 @@ def test_retry_many__by_agent_reason_and_since(rt: Runtime) -> None:
     assert (later.retried, later.refused) == ([], [])
 
 
-def test_retry__a_done_non_idempotent_write_would_run_again_so_needs_force(rt: Runtime) -> None:
-    """A run that completed a non-idempotent write and then failed is refused a plain retry
-    (the write would repeat); forced, the event names the write."""
+def test_retry__a_recorded_write_replays_so_needs_no_force(rt: Runtime) -> None:
+    """A run that completed a non-idempotent write and then failed is retried without force:
+    the write is in its journal and replays (ADR 0070); from the write's step on, it would
+    run again, so that needs force, and the forced event names it."""
     run_id = rt.enqueue(
         "scripted",
         {
@@ -149,9 +156,10 @@ def test_retry__a_done_non_idempotent_write_would_run_again_so_needs_force(rt: R
     rt.work(burst=True)
     assert rt.get(run_id).status is RunStatus.FAILED
     assert rt.get(run_id).state.pending_effects == ()
+    assert rt.retry_plan(run_id).rerun_writes == ()
     with pytest.raises(PendingWrite, match="send_email"):
-        rt.retry(run_id, by="alice")
-    rt.retry(run_id, by="alice", force=True)
+        rt.retry(run_id, by="alice", from_position=2)
+    rt.retry(run_id, by="alice", from_position=2, force=True)
     last = rt.history(run_id)[-1].event
     assert isinstance(last, Run.Retried)
-    assert (last.forced, last.rerun_tools) == (True, ("send_email",))
+    assert (last.forced, last.rerun_tools, last.mode) == (True, ("send_email",), RetryMode.FROM)

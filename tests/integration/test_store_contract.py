@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason, WaitKind
+from steptrail.domain.enums import (
+    Effect,
+    FailureClass,
+    RetryMode,
+    RunStatus,
+    TerminationReason,
+    WaitKind,
+)
 from steptrail.domain.errors import VersionConflict
 from steptrail.domain.journal import JournalEntry, StepCall
 from steptrail.domain.ports import ClaimRequest
@@ -268,6 +275,60 @@ def test_journal__deleted_by_the_settling_append(store: Any) -> None:
         "StepRecorded",
         "Completed",
     ]
+
+
+def failed_journaled(store: Any) -> Run:
+    """`journaled`, then a third step that raised, appended with the dead-letter."""
+    run = journaled(store)
+    entry = JournalEntry(0, 3, "llm", "s3", "f" * 16, error_type="KeyError", error_message="'x'")
+    run.record_step(kind="llm", name="s3", duration_ms=1, error_type="KeyError", journal=entry)
+    run.dead_letter(actor="w", reason=TerminationReason.NOT_RETRYABLE, cause="bug")
+    store.append(run)
+    return run
+
+
+def test_journal__kept_by_a_failed_settle_with_its_last_steps(store: Any) -> None:
+    """A run that settles failed keeps its journal and its request, and the settling append
+    writes the entries it carries (the step that raised), so a retry can resume (ADR 0070)."""
+    run = failed_journaled(store)
+    entries = store.journal(run.id)
+    assert [(e.seq, e.position, e.failed) for e in entries] == [
+        (1, 1, False),
+        (2, 2, False),
+        (3, 3, True),
+    ]
+    assert entries[2].error_type == "KeyError"
+    assert store.saved(run.id, "request") is not None
+
+
+@pytest.mark.parametrize(
+    ("mode", "position", "kept"),
+    [(RetryMode.RESUME, 3, [1, 2, 3]), (RetryMode.FROM, 2, [1]), (RetryMode.FROM, 1, [])],
+)
+def test_journal__retry_from_drops_the_entries_from_its_position(
+    store: Any, mode: RetryMode, position: int, kept: list[int]
+) -> None:
+    """A `Retried` in mode `from` deletes the entries at its position and later in the same
+    append; a resuming one deletes nothing."""
+    run = failed_journaled(store)
+    run.retry(actor="op", mode=mode, position=position)
+    store.append(run)
+    assert [e.seq for e in store.journal(run.id)] == kept
+    assert store.load(run.id).status is RunStatus.QUEUED
+
+
+def test_journal__a_retry_that_loses_the_fence_drops_nothing(store: Any) -> None:
+    """Two retries read the same failed run; the one whose append conflicts deletes none of
+    the journal (its cut rides in the fenced transaction)."""
+    run = failed_journaled(store)
+    other = store.load(run.id)
+    run.retry(actor="alice", mode=RetryMode.RESUME, position=3)
+    store.append(run)
+    other.retry(actor="bob", mode=RetryMode.FROM, position=1)
+    with pytest.raises(VersionConflict):
+        store.append(other)
+    assert [e.seq for e in store.journal(run.id)] == [1, 2, 3]
+    assert [type(h.event).__name__ for h in store.history(run.id)].count("Retried") == 1
 
 
 ODD_NAMES = [

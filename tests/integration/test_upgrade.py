@@ -20,7 +20,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from steptrail.domain.enums import RunStatus
+from steptrail.domain.enums import RetryMode, RunStatus
+from steptrail.domain.errors import IllegalTransition
+from steptrail.domain.retry_plan import RetryPlan
 from steptrail.runtime import Runtime
 from tests.conftest import PG_ADMIN_URL, make_runtime
 from tests.fixtures.upgrade.populate import app
@@ -190,3 +192,26 @@ def test_upgrade__journal_of_runs_in_flight_survives(upgraded: Runtime) -> None:
     assert report.outcomes == {"completed": 2}  # the approved run and the never-claimed one
     assert rt.get(queued.run_id).status is RunStatus.COMPLETED
     assert rt.store.journal(queued.run_id) == []
+
+
+@pytest.mark.parametrize("upgraded", VERSIONS, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__a_run_that_failed_before_journals_were_kept_retries_as_a_restart(
+    upgraded: Runtime,
+) -> None:
+    """The dead-lettered fixture run failed when a settle still deleted its journal: if it
+    kept its request (schema 9 on), a retry plans a restart (nothing to replay), runs it from
+    its request, and the run, failing again, now keeps its journal, so the next retry
+    resumes after the recorded step (ADR 0070); without its request, the retry is refused."""
+    rt = upgraded
+    (dead,) = [r for r in rt.store.all_rows() if r.status is RunStatus.FAILED]
+    assert rt.store.journal(dead.run_id) == []
+    if rt.store.saved(dead.run_id, "request") is None:
+        with pytest.raises(IllegalTransition, match="no saved request"):
+            rt.retry(dead.run_id, by="upgrade-test")
+        return
+    assert rt.retry_plan(dead.run_id) == RetryPlan(RetryMode.RESTART, 1, ())
+    rt.retry(dead.run_id, by="upgrade-test")
+    rt.work(burst=True)
+    assert rt.get(dead.run_id).status is RunStatus.FAILED
+    assert [e.name for e in rt.store.journal(dead.run_id)] == ["try"]
+    assert rt.retry_plan(dead.run_id) == RetryPlan(RetryMode.RESUME, 2, ())

@@ -70,7 +70,7 @@ def test_kit__skips_a_long_sleep(steptrail_kit: Kit) -> None:
         return
     result = steptrail_kit.run_to_end("digest", {"hours": 24})
     assert result.status is RunStatus.COMPLETED
-    assert CALLS == Counter({"look": 1, "again": 1})
+    assert Counter({"look": 1, "again": 1}) == CALLS
     assert [s.kind for s in result.steps] == ["llm", "sleep", "llm"]
 
 

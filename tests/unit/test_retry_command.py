@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from uuid import UUID
 
 import pytest
+from rich.console import Console
 
 from steptrail.domain.digest import digest
-from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason
+from steptrail.domain.enums import Effect, FailureClass, RetryMode, RunStatus, TerminationReason
 from steptrail.domain.errors import IllegalTransition, PendingWrite
-from steptrail.domain.run import Run, fold, writes_done
+from steptrail.domain.ports import RecordedEvent
+from steptrail.domain.retry_plan import writes_done
+from steptrail.domain.run import Run, fold
+from steptrail.infrastructure.codec import decode_event
+from steptrail.render import trail_table
 
 RUN_ID = UUID("00000000-0000-4000-8000-000000000013")
 WORKER = "worker:host-a:1:aa"
@@ -93,8 +99,8 @@ def test_retry__needs_an_actor() -> None:
 
 
 def test_retry__completed_non_idempotent_writes_need_force() -> None:
-    """Writes the run already did would run again from the top: refused unless forced, and
-    the event names them."""
+    """Writes the run already did that the retry runs again (its journal gone: a restart)
+    are refused unless forced, and the event names them and the mode."""
     run = Run.enqueue(run_id=RUN_ID, agent="a", request_digest=digest({}), actor="api")
     run.claim(holder=WORKER, lease_ms=1000)
     seq = run.mark_effect_pending(tool="charge", effect=Effect.NON_IDEMPOTENT_WRITE)
@@ -103,12 +109,15 @@ def test_retry__completed_non_idempotent_writes_need_force() -> None:
     run.dead_letter(actor=WORKER, reason=TerminationReason.NOT_RETRYABLE, cause="later step")
     done = writes_done(run.pending_events)
     assert done == ("charge",)
-    with pytest.raises(PendingWrite, match="charge"):
-        run.retry(actor="alice", rerun_writes=done)
-    run.retry(actor="alice", rerun_writes=done, force=True)
+    with pytest.raises(PendingWrite, match=r"charge.*journal is gone"):
+        run.retry(actor="alice", mode=RetryMode.RESTART, rerun_writes=done)
+    with pytest.raises(PendingWrite, match=r"from step 1 .*\(charge\)"):
+        run.retry(actor="alice", mode=RetryMode.FROM, rerun_writes=done)
+    run.retry(actor="alice", mode=RetryMode.RESTART, rerun_writes=done, force=True)
     event = run.pending_events[-1]
     assert isinstance(event, Run.Retried)
     assert (event.forced, event.rerun_tools, event.cleared_tools) == (True, ("charge",), ())
+    assert (event.mode, event.position) == (RetryMode.RESTART, 1)
 
 
 def test_writes_done__only_completed_non_idempotent_writes() -> None:
@@ -124,3 +133,27 @@ def test_writes_done__only_completed_non_idempotent_writes() -> None:
     run.record_step(kind="tool", name="pay", duration_ms=1)
     run.mark_effect_pending(tool="ship", effect=Effect.NON_IDEMPOTENT_WRITE)
     assert writes_done(run.pending_events) == ("pay",)
+
+
+def test_retried__the_trail_shows_mode_and_position() -> None:
+    """`steptrail show` prints each retry's mode and the step it runs again from."""
+    run = failed()
+    run.retry(actor="alice", mode=RetryMode.FROM, position=2)
+    recorded = RecordedEvent(RUN_ID, run.version, datetime.now(UTC), run.pending_events[-1])
+    console = Console(width=200, record=True)
+    console.print(trail_table([recorded]))
+    assert "mode=from position=2" in console.export_text()
+
+
+def test_retried__an_event_stored_before_modes_decodes_as_a_restart() -> None:
+    """A `Retried` stored before it had a mode (every retry then ran from the request)
+    reads back as a restart from step 1, with no upcaster needed."""
+    old = b'{"actor":"alice","reset_budget":false,"forced":true,"previous_reason":null,'
+    old += b'"cleared_tools":[],"rerun_tools":["send_email"]}'
+    event = decode_event(Run.Retried.TOPIC, old)
+    assert isinstance(event, Run.Retried)
+    assert (event.mode, event.position, event.rerun_tools) == (
+        RetryMode.RESTART,
+        1,
+        ("send_email",),
+    )

@@ -15,6 +15,8 @@ BACKEND_ONLY: dict[str, str] = {
     "drop_saved": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "insert_journal": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "drop_journal": "SQLite: part of an append (PostgreSQL: steptrail_append)",
+    "drop_journal_without_request": "SQLite: part of a failed settle (PostgreSQL: a CTE of "
+    "drop_saved_but_request)",
     "append_event": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "update_run_document": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "append_one": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",

@@ -182,12 +182,25 @@ SELECT steptrail_append(
 );
 
 -- name: drop_saved_but_request
--- A run that settles failed keeps its request until it is purged or retried (ADR 0025):
--- its append passes drop_saved = false and runs this in the same transaction instead, which
--- drops what steptrail_append's drop_saved would have dropped but the request (the journal
--- goes too, as with any settle; ADR 0013).
-WITH journal AS (DELETE FROM steptrail_journal WHERE run_id = %(run_id)s)
+-- A run that settles failed keeps its request and its step journal until it is purged or
+-- retried (ADR 0025, ADR 0070): its append passes drop_saved = false (which also spares the
+-- journal) and runs this in the same transaction instead, which drops the rest of what
+-- steptrail_append's drop_saved would have dropped (the resumable state), and the journal
+-- of a run that has no request to be retried with (an interactive run): the journal is
+-- kept exactly when the request is.
+WITH journal AS (
+    DELETE FROM steptrail_journal WHERE run_id = %(run_id)s AND NOT EXISTS (
+        SELECT 1 FROM steptrail_saved WHERE run_id = %(run_id)s AND kind = 'request'
+    )
+)
 DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
+
+-- name: drop_journal_from
+-- `retry --from N` (ADR 0070): the journal entries at positions N and later go in the same
+-- transaction as the Retried append, after it (steptrail_append took the run's row lock and
+-- checked the fence; a retry that lost the race raised before this ran), so those steps
+-- run again and the ones before replay.
+DELETE FROM steptrail_journal WHERE run_id = %(run_id)s AND position >= %(position)s;
 
 
 

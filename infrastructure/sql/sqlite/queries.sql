@@ -104,8 +104,9 @@ ON CONFLICT (run_id, kind) DO UPDATE SET body = excluded.body;
 DELETE FROM steptrail_saved WHERE run_id = :run_id;
 
 -- name: drop_saved_but_request
--- A run that settles failed keeps its request until it is purged or retried (ADR 0025);
--- everything else it saved goes, as with any settle.
+-- A run that settles failed keeps its request (and its journal: the caller does not run
+-- drop_journal) until it is purged or retried (ADR 0025, ADR 0070); everything else it
+-- saved goes, as with any settle.
 DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
 
 -- name: drop_journal
@@ -114,6 +115,26 @@ DELETE FROM steptrail_saved WHERE run_id = :run_id AND kind <> 'request';
 -- secure_delete the bytes they leave are zeroed.
 UPDATE steptrail_events SET journal = NULL
 WHERE originator_id = :run_id AND journal IS NOT NULL;
+
+-- name: drop_journal_without_request
+-- SQLite only (PostgreSQL: drop_saved_but_request): a run that settles failed keeps its
+-- journal exactly when it keeps a request to be retried with (ADR 0070); an interactive
+-- run has none, and its journal goes as with any settle. After the append's inserts, so
+-- the entries the settling append carried go too.
+UPDATE steptrail_events SET journal = NULL
+WHERE originator_id = :run_id AND journal IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM steptrail_saved WHERE run_id = :run_id AND kind = 'request');
+
+-- name: drop_journal_from
+-- `retry --from N` (ADR 0070): the entries at positions N and later go in the same write
+-- transaction as the Retried append, after its events were inserted (the fence: a retry
+-- that lost the race failed on the log's unique key and rolls this back). SQLite keeps an
+-- entry as a JSON array in its event's row, [seq, position, …] (ADR 0050), stored as a
+-- BLOB: read as text for json_extract. A rare operator command: the walk is the run's own
+-- range of the log's unique index.
+UPDATE steptrail_events SET journal = NULL
+WHERE originator_id = :run_id AND journal IS NOT NULL
+  AND json_extract(CAST(journal AS TEXT), '$[1]') >= :position;
 
 
 -- name: claim

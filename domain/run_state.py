@@ -1,12 +1,16 @@
-"""The state a run's events fold into (`RunState`) and the parts it is made of.
+"""What folding a run's events yields, and the base every run event derives from.
 
-Split out of `domain/run.py` (which keeps the events and the commands) when the waits of ADR
-0073 grew it past the house limit; `steptrail.domain.run` re-exports every name here.
+`RunState` is the immutable state of one run; `RunEvent` is the base of the events nested on
+`Run` (in `domain/run.py`, with the commands that trigger them), each a small pure fold from
+one state to the next. Split from `domain/run.py` by concern (the state and the fold rule
+here, the aggregate's events and commands there); `domain/run.py` re-exports every name, so
+imports and stored topics are unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, ClassVar
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +23,14 @@ from steptrail.domain.enums import (
     TerminationReason,
     WaitKind,
 )
+from steptrail.domain.errors import IllegalTransition
+
+# The step kind that records an agent taking the human decision it resumed with.
+DECISION_STEP = "decision"
+
+# Every event class, by its stored topic. Topics are stable names written into the log, so a
+# module or class rename never orphans stored events; they are never renamed (STYLE 3).
+EVENT_TYPES: dict[str, type[RunEvent]] = {}
 
 
 class PendingEffect(BaseModel):
@@ -132,14 +144,14 @@ class RunState(BaseModel):
         return any(p.effect is Effect.NON_IDEMPOTENT_WRITE for p in self.pending_effects)
 
 
-def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
+def settled_state(state: RunState, status: RunStatus, **changes: Any) -> RunState:
     """A terminal state: no lease, no saved request, no resumable state; the version
     advanced in the same copy (`apply` then leaves it alone).
 
     The pending-effect markers survive on purpose: an auditor must still see that a write may
     have happened before the run ended.
     """
-    return _released(
+    return released_state(
         state,
         status,
         has_saved_request=False,
@@ -149,7 +161,7 @@ def _settled(state: RunState, status: RunStatus, **changes: Any) -> RunState:
     )
 
 
-def _released(state: RunState, status: RunStatus, **changes: Any) -> RunState:
+def released_state(state: RunState, status: RunStatus, **changes: Any) -> RunState:
     """The current segment lets go of the run (back to the queue, or waiting for a person);
     the version advanced in the same copy."""
     changes.setdefault("wake_after_ms", None)
@@ -164,6 +176,42 @@ def _released(state: RunState, status: RunStatus, **changes: Any) -> RunState:
     )
 
 
+class RunEvent(BaseModel):
+    """Base of every run event. `actor` names whoever appended it (a lease holder, the reaper,
+    an operator). Subclasses set `TOPIC` once and forever, and bump `VERSION` with an `upcast`
+    when their payload changes shape."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    TOPIC: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+    actor: str
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if cls.TOPIC:
+            if cls.TOPIC in EVENT_TYPES:
+                raise TypeError(f"duplicate event topic {cls.TOPIC!r}")
+            EVENT_TYPES[cls.TOPIC] = cls
+
+    @classmethod
+    def upcast(cls, data: dict[str, Any], from_version: int) -> dict[str, Any]:
+        """Turn a stored payload of an older class version into the current shape."""
+        raise NotImplementedError(f"{cls.TOPIC} has no upcaster from version {from_version}")
+
+    def apply(self, state: RunState | None) -> RunState:
+        """Fold this event onto the state before it (None for a creation event)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _require(state: RunState | None) -> RunState:
+        if state is None:
+            raise IllegalTransition("only a creation event can start a run's history")
+        return state
+
+
 def trace_id_of(trace_parent: str | None) -> str | None:
     """The trace id (32 hex digits) of a W3C `traceparent` value, or None if it is not one."""
     if trace_parent is None:
@@ -176,3 +224,23 @@ def trace_id_of(trace_parent: str | None) -> str | None:
     except ValueError:
         return None
     return parts[1]
+
+
+def apply(state: RunState | None, event: RunEvent) -> RunState:
+    """Fold one event: the event's own rule, then the version advances by one (unless the
+    rule advanced it already, as the step's, the claim's and every settle's or release's do
+    to save a copy)."""
+    new = event.apply(state)
+    if state is None:
+        return new
+    version = state.version + 1
+    if new.version == version:
+        return new
+    return new.evolve(version=version)
+
+
+def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:
+    """Fold events in order onto `state` (None: from the beginning)."""
+    for event in events:
+        state = apply(state, event)
+    return state
