@@ -3,7 +3,7 @@ with a model, ask a person, publish. Needs the `langgraph` extra.
 
     steptrail --app examples.langgraph_review:app enqueue review '{"topic": "tides"}'
     steptrail --app examples.langgraph_review:app work --burst    # waits at `review`
-    steptrail --app examples.langgraph_review:app approve RUN_ID --digest sha256:...
+    steptrail --app examples.langgraph_review:app approve RUN_ID --by alice --digest sha256:...
     steptrail --app examples.langgraph_review:app work --burst    # publishes, completes
 
 The model is LangGraph's `GenericFakeChatModel`; `Counters` counts what really ran, outside

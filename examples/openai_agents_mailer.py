@@ -4,7 +4,7 @@ extra.
 
     steptrail --app examples.openai_agents_mailer:app enqueue mailer '{"city": "Oslo"}'
     steptrail --app examples.openai_agents_mailer:app work --burst   # waits at send_email
-    steptrail --app examples.openai_agents_mailer:app approve RUN_ID --digest sha256:...
+    steptrail --app examples.openai_agents_mailer:app approve RUN_ID --by alice --digest sha256:...
 
 The model is the SDK's `ScriptedModel`, whose every step answers from what the
 conversation holds (so a replayed run gets the same answers); `Counters` counts real model

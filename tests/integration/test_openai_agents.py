@@ -140,4 +140,4 @@ def test_openai_agents__outside_a_steptrail_run_refuses_loudly(runtime: Runtime)
         run_id = runtime.enqueue(name, {})
         runtime.work(burst=True)
         assert runtime.get(run_id).status is RunStatus.FAILED
-        assert runtime.history(run_id)[-1].event.error_type == error  # type: ignore[union-attr]
+        assert runtime.history(run_id)[-1].event.error_type == error  # type: ignore[attr-defined]
