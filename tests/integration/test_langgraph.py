@@ -221,3 +221,39 @@ def test_langgraph__refuses_outside_a_steptrail_run(runtime: Runtime) -> None:
         steptrail.App().graph("g", review_graph(Counters()).compile(checkpointer=InMemorySaver()))
     with pytest.raises(TypeError):
         steptrail.App().graph("g", object())
+
+
+def test_fence__appends_the_pending_record_and_refuses_after_a_loss(runtime: Runtime) -> None:
+    """`ctx.fence()` makes the previous step's record durable now (it is in the trail
+    before the next step starts) and raises `LeaseLost` once somebody else took the run."""
+    from steptrail.workers.segment import LeaseLost
+
+    seen: list[Any] = []
+    app = steptrail.App()
+
+    @app.agent("fenced")
+    def fenced(ctx: steptrail.RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.step("llm", "one", lambda: 1)
+        ctx.fence()
+        seen.append([s.name for s in steps(runtime, ctx.run_id)])
+        ctx.step("llm", "two", lambda: 2)  # the kit takes the run away as this one starts
+        try:
+            ctx.fence()
+        except LeaseLost:
+            seen.append("lost")
+            raise
+        return {}
+
+    runtime.app.include(app)
+    result = Kit(runtime).run_to_end("fenced", {}, faults=[lose_lease_at(2)])
+    assert seen[0] == ["one"]
+    assert seen[1] == "lost"
+    assert result.segments[0].outcome is Outcome.LEASE_LOST
+    assert result.status is RunStatus.COMPLETED
+
+
+def test_integrations__share_one_refusal() -> None:
+    """Every integration raises the same `NotInSteptrailRun` (catch it once)."""
+    from steptrail.integrations import _common
+
+    assert NotInSteptrailRun is _common.NotInSteptrailRun
