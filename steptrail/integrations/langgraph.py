@@ -30,7 +30,8 @@ Outside a steptrail run the graph refuses to run (`NotInSteptrailRun`). Limits: 
 runs with `invoke` in a synchronous agent (async-only nodes are not supported); parallel
 branches of one superstep take the journal in the order they finish, and a different order
 on replay fails the run `non_deterministic` rather than mix results; static breakpoints
-(`interrupt_before/after`) are refused.
+(`interrupt_before/after`) are refused. A compiled subgraph used as a node runs inside
+that node's one step.
 
 Example (offline, no API key): `steptrail/integrations/langgraph_example.py`.
 """
@@ -84,7 +85,10 @@ class _GraphRun:
     ctx: RunContext
     tools: frozenset[str]
     # Nodes of one superstep may run on LangGraph's threads; the run's context is not
-    # thread-safe, so its steps are taken one at a time.
+    # thread-safe, so its steps are taken one at a time. (Checkpoint writes do not take
+    # it: a fence only appends, under the segment's own lock, and a subgraph inside a node
+    # writes its checkpoints from LangGraph's threads while its parent node's step holds
+    # this one.)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -128,9 +132,9 @@ class StepTrailSaver(InMemorySaver):
 
 
 def _fence(what: str) -> None:
-    run = _current(what)
-    with run.lock:
-        run.ctx.fence()
+    # Thread-safe without the run's lock: `fence` is an append under the segment's lock,
+    # and touches nothing of the journal cursor the node steps share.
+    _current(what).ctx.fence()
 
 
 # -- nodes ---------------------------------------------------------------------------------

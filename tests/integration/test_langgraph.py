@@ -257,3 +257,43 @@ def test_integrations__share_one_refusal() -> None:
     from steptrail.integrations import _common
 
     assert NotInSteptrailRun is _common.NotInSteptrailRun
+
+
+class Number(TypedDict):
+    n: int
+
+
+def test_langgraph__a_subgraph_node_is_one_step_replayed_whole(db_url: str) -> None:
+    """A compiled subgraph used as a node runs inside that node's step (its checkpoint
+    writes fenced from LangGraph's threads without deadlocking the step); after a crash in
+    the next node it is replayed, not run again."""
+    runs: list[str] = []
+
+    def inc(state: Number) -> dict[str, Any]:
+        runs.append("inner")
+        return {"n": state["n"] + 1}
+
+    def outer(state: Number) -> dict[str, Any]:
+        runs.append("outer")
+        return {"n": state["n"] * 10}
+
+    sub = StateGraph(Number)
+    sub.add_node("inc", inc)
+    sub.add_edge(START, "inc")
+    sub.add_edge("inc", END)
+    builder = StateGraph(Number)
+    builder.add_node("sub", sub.compile())
+    builder.add_node("outer", outer)
+    builder.add_edge(START, "sub")
+    builder.add_edge("sub", "outer")
+    builder.add_edge("outer", END)
+    app = steptrail.App()
+    app.graph("nested", builder)
+    rt = make_runtime(db_url, app=app)
+    try:
+        result = Kit(rt).run_to_end("nested", {"n": 1}, faults=[crash_at(2)])
+        assert result.result == {"n": 20}
+        assert runs == ["inner", "outer", "outer"]  # outer was in flight at the crash
+        assert result.step_names() == ["sub", "outer"]
+    finally:
+        rt.close()
