@@ -110,6 +110,10 @@ class StepTrailSaver(InMemorySaver):
     LangGraph's in-memory ones. Outside a steptrail run it refuses every write.
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._runs: dict[str, _GraphRun] = {}
+
     def put(
         self,
         config: RunnableConfig,
@@ -117,7 +121,7 @@ class StepTrailSaver(InMemorySaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        _fence("StepTrailSaver.put")
+        self._fence(config, "StepTrailSaver.put")
         return super().put(config, checkpoint, metadata, new_versions)
 
     def put_writes(
@@ -127,14 +131,26 @@ class StepTrailSaver(InMemorySaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        _fence("StepTrailSaver.put_writes")
+        self._fence(config, "StepTrailSaver.put_writes")
         super().put_writes(config, writes, task_id, task_path)
 
+    def bind(self, thread: str, run: _GraphRun) -> None:
+        """Write `thread`'s checkpoints under `run` (until `unbind`)."""
+        self._runs[thread] = run
 
-def _fence(what: str) -> None:
-    # Thread-safe without the run's lock: `fence` is an append under the segment's lock,
-    # and touches nothing of the journal cursor the node steps share.
-    _current(what).ctx.fence()
+    def unbind(self, thread: str) -> None:
+        """Forget `thread`: its run's segment has ended, and its checkpoints with it."""
+        self._runs.pop(thread, None)
+        self.delete_thread(thread)
+
+    def _fence(self, config: RunnableConfig, what: str) -> None:
+        # The run is found by the thread (LangGraph writes some checkpoints from threads
+        # its context variables do not reach), else by the context (a saver driven by
+        # hand inside a run). Thread-safe without the run's lock: `fence` is an append
+        # under the segment's own lock and touches nothing of the journal cursor.
+        thread = str(config.get("configurable", {}).get("thread_id", ""))
+        run = self._runs.get(thread) or _current(what)
+        run.ctx.fence()
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -271,13 +287,15 @@ def graph_agent(graph: Any, app: App) -> Callable[[RunContext, dict[str, Any]], 
 
 @contextmanager
 def _running(run: _GraphRun, compiled: Any, thread: str) -> Iterator[None]:
+    saver: StepTrailSaver = compiled.checkpointer
     token = _CURRENT.set(run)
+    saver.bind(thread, run)
     try:
         yield
     finally:
         _CURRENT.reset(token)
         # The segment's checkpoints die with it: the next one rebuilds them by replay.
-        compiled.checkpointer.delete_thread(thread)
+        saver.unbind(thread)
 
 
 def _interrupts(state: Any) -> list[Interrupt]:

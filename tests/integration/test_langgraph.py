@@ -5,8 +5,9 @@ writes fenced, loud refusal outside a steptrail run."""
 
 from __future__ import annotations
 
+import operator
 import os
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 from uuid import UUID
 
 import pytest
@@ -295,5 +296,43 @@ def test_langgraph__a_subgraph_node_is_one_step_replayed_whole(db_url: str) -> N
         assert result.result == {"n": 20}
         assert runs == ["inner", "outer", "outer"]  # outer was in flight at the crash
         assert result.step_names() == ["sub", "outer"]
+    finally:
+        rt.close()
+
+
+class Trail(TypedDict):
+    log: Annotated[list[str], operator.add]
+
+
+def test_langgraph__parallel_branches_recover_after_a_crash(db_url: str) -> None:
+    """A fan-out (a → b, c → d) takes the journal one branch at a time; its checkpoint
+    writes, some made from LangGraph's own threads, are fenced under the run; a crash in d
+    recovers with a, b and c replayed."""
+    runs: list[str] = []
+
+    def node(name: str) -> Any:
+        def run(state: Trail) -> dict[str, Any]:
+            runs.append(name)
+            return {"log": [name]}
+
+        return run
+
+    builder = StateGraph(Trail)
+    for name in "abcd":
+        builder.add_node(name, node(name))
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("a", "c")
+    builder.add_edge("b", "d")
+    builder.add_edge("c", "d")
+    builder.add_edge("d", END)
+    app = steptrail.App()
+    app.graph("fan", builder)
+    rt = make_runtime(db_url, app=app)
+    try:
+        result = Kit(rt).run_to_end("fan", {"log": []}, faults=[crash_at(4)])
+        assert result.status is RunStatus.COMPLETED
+        assert sorted(result.result["log"]) == ["a", "b", "c", "d"]
+        assert sorted(runs) == ["a", "b", "c", "d", "d"]  # d was in flight at the crash
     finally:
         rt.close()
