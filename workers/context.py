@@ -666,6 +666,16 @@ class RunContext:
             else:
                 segment.commit(lambda run: run.renew_lease())
 
+    def fence(self) -> None:
+        """A step boundary that starts no step: append what is pending now, fenced on the
+        run's version. An integration calls it before it lets something outside the
+        journal (a framework's checkpoint) count as done.
+
+        Raises:
+            LeaseLost: the run is no longer this segment's.
+        """
+        self._segment.boundary()
+
     def note_replay(self) -> None:
         """Put a `Replayed` event in the trail once replay is over (it rides with the next
         append). Called before the first live step, and before the segment settles or

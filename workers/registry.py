@@ -176,6 +176,29 @@ class App:
         """The declared signal payloads, by name."""
         return dict(self._signal_schemas)
 
+    def graph(
+        self,
+        name: str,
+        graph: Any,
+        *,
+        privacy: PrivacyLevel | str | None = None,
+        step_timeout: float | None = None,
+        max_duration: float | None = None,
+    ) -> None:
+        """Register a LangGraph `StateGraph` (or a graph compiled without a checkpointer) as
+        the agent `name`: its request is the graph's input, its result the final state, each
+        node a journaled step, `interrupt()` a decision (ADR 0071; needs the `langgraph`
+        extra, imported only here)."""
+        from steptrail.integrations.langgraph import graph_agent
+
+        self.add_agent(
+            name,
+            graph_agent(graph, self),
+            privacy=privacy,
+            step_timeout=step_timeout,
+            max_duration=max_duration,
+        )
+
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
         """Map one of your exception types (and its subclasses) to a failure class."""
         self.classifier.register(exc_type, failure_class)

@@ -74,6 +74,7 @@ from pydantic_ai.tools import AgentDepsT
 from pydantic_core import to_jsonable_python
 
 from steptrail.domain.decisions import DENIED
+from steptrail.integrations import _common
 from steptrail.workers.async_context import AsyncRunContext, current_run_context
 from steptrail.workers.context import Recorded
 
@@ -83,8 +84,9 @@ CONVERSATION_KEY = "pydantic_ai_messages"
 _RESPONSE = TypeAdapter(ModelResponse)
 
 
-class NotInSteptrailRun(UserError):
-    """A steptrail-durable pydantic-ai agent was run outside an async steptrail run."""
+class NotInSteptrailRun(UserError, _common.NotInSteptrailRun):
+    """A steptrail-durable pydantic-ai agent was run outside an async steptrail run (a
+    pydantic-ai `UserError`, and the `NotInSteptrailRun` every integration raises)."""
 
 
 @dataclass(frozen=True)

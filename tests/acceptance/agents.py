@@ -108,6 +108,56 @@ async def pai_mailer(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str,
     return {"output": result.output}
 
 
+app.tool("oa_send", effect="non_idempotent_write")
+
+
+@app.agent("oa_mailer")
+async def oa_mailer(ctx: AsyncRunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI Agents SDK agent (`lookup` read, `oa_send` a write that needs approval)
+    made durable by steptrail. Its ScriptedModel appends a line per real model call to
+    `model_log`, the write a line to `witness`; while the file `hang` exists `lookup` hangs
+    (so a test can SIGKILL the worker after the first model call was recorded). The SDK is
+    imported here, not at module import, so workers start fast without needing it."""
+    from agents import Agent, function_tool, set_tracing_disabled
+    from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message
+    from agents.testing import function_call as call
+
+    from steptrail.integrations import openai_agents
+
+    set_tracing_disabled(True)
+
+    def respond(model_call: ModelCall) -> Any:
+        items = model_call.input if isinstance(model_call.input, list) else []
+        outputs = [i["output"] for i in items if i.get("type") == "function_call_output"]
+        stage = ("start", "lookup", "oa_send")[min(len(outputs), 2)]
+        with Path(request["model_log"]).open("a") as f:
+            f.write(f"{ctx.run_id} {stage}\n")
+        if stage == "start":
+            return [call("lookup", {"city": "Oslo"}, call_id="c1")]
+        if stage == "lookup":
+            return [call("oa_send", {"to": "a@example.com", "body": outputs[0]}, call_id="c2")]
+        return [assistant_message(f"done: {outputs[-1]}")]
+
+    @function_tool
+    async def lookup(city: str) -> str:
+        """The weather."""
+        while Path(request["hang"]).exists():
+            await asyncio.sleep(0.05)
+        return f"sunny in {city}"
+
+    @function_tool(needs_approval=True)
+    def oa_send(to: str, body: str) -> str:
+        """Send a mail."""
+        with Path(request["witness"]).open("a") as f:
+            f.write(f"{ctx.run_id} {to}\n")
+        return "sent"
+
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(10)])
+    agent = Agent(name="oa_mailer", model=model, tools=[lookup, oa_send])
+    result = await openai_agents.run(agent, "weather, then mail it")
+    return {"output": result.final_output}
+
+
 def nested(levels: int) -> Any:
     """A value `levels` arrays deep."""
     value: Any = []

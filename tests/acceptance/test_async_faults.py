@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,58 @@ def test_pydantic_ai_crash__model_called_once_per_recorded_request_and_write_onc
     finally:
         stop(procs)
         rt.close()
+
+
+def test_openai_agents_crash__model_not_called_again_approval_bound_to_arguments(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A worker running an Agents SDK agent is SIGKILLed after its first model call was
+    recorded (in the tool that call asked for); after the reclaim another worker replays
+    that response instead of calling the model again, the write waits for an approval bound
+    to its exact arguments (a changed-argument digest is refused), and runs once."""
+    pytest.importorskip("agents")
+    from steptrail.domain.decisions import PendingCall, calls_digest
+    from steptrail.domain.errors import DigestMismatch
+
+    lease = "1.5"
+    rt = make_runtime(db_url, app=agents.app, lease_seconds=float(lease))
+    model_log, witness, hang = tmp_path / "model.txt", tmp_path / "sent.txt", tmp_path / "hang"
+    hang.touch()
+    request = {"model_log": str(model_log), "witness": str(witness), "hang": str(hang)}
+    env = {"STEPTRAIL_LEASE_SECONDS": lease}
+    procs = []
+    try:
+        run_id = rt.enqueue("oa_mailer", request)
+        procs.append(spawn_worker(db_url, log=tmp_path / "w1.log", **env))
+        # lookup starts only once the first model call's record is durable (its boundary).
+        assert wait_until(lambda: model_log.exists() and "start" in model_log.read_text(), 30)
+        assert wait_until(lambda: len(steps_of(rt, run_id)) == 1, 30)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        hang.unlink()
+        reaper = rt.reaper()
+        assert wait_until(lambda: reaper.reap_once(10).requeued == 1, 30, step=0.2)
+        procs.append(spawn_worker(db_url, "--burst", log=tmp_path / "w2.log", **env))
+        assert procs[1].wait(60) == 0
+        assert rt.get(run_id).status is RunStatus.WAITING_FOR_APPROVAL
+        stages = Counter(line.split()[1] for line in model_log.read_text().splitlines())
+        assert stages == Counter({"start": 1, "lookup": 1})  # the first not called again
+        mail = {"to": "a@example.com", "body": "sunny in Oslo"}
+        changed = [PendingCall(name="oa_send", arguments={**mail, "to": "b@x.org"}, id="c2")]
+        with pytest.raises(DigestMismatch):
+            rt.approve(run_id, by="mallory", digest=calls_digest(changed))
+        exact = [PendingCall(name="oa_send", arguments=mail, id="c2")]
+        rt.approve(run_id, by="alice", digest=calls_digest(exact))
+        procs.append(spawn_worker(db_url, "--burst", log=tmp_path / "w3.log", **env))
+        assert procs[2].wait(60) == 0
+        assert rt.get(run_id).status is RunStatus.COMPLETED
+        stages = Counter(line.split()[1] for line in model_log.read_text().splitlines())
+        assert stages == Counter({"start": 1, "lookup": 1, "oa_send": 1})
+        assert len(witness.read_text().splitlines()) == 1
+    finally:
+        stop(procs)
+        rt.close()
+
+
+def steps_of(rt: Any, run_id: Any) -> list[Run.StepRecorded]:
+    return [h.event for h in rt.history(run_id) if isinstance(h.event, Run.StepRecorded)]
