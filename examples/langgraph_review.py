@@ -85,12 +85,14 @@ def review_graph(counters: Counters) -> StateGraph[Review, Any, Review, Review]:
     return builder
 
 
+# --8<-- [start:app]
 def review_app(counters: Counters | None = None) -> steptrail.App:
     """An App with the graph registered as the agent `review`; `publish` is a write."""
     app = steptrail.App()
     app.tool("publish", effect="non_idempotent_write")  # the node runs as this tool
     app.graph("review", review_graph(counters or Counters()))
     return app
+# --8<-- [end:app]
 
 
 app = review_app()

@@ -73,6 +73,7 @@ def mailer_agent(counters: Counters, city: str = "Oslo") -> Agent[Any]:
     return Agent(name="mailer", model=model, tools=[lookup, send_email])
 
 
+# --8<-- [start:app]
 def mailer_app(counters: Counters | None = None) -> steptrail.App:
     """An App with the agent `mailer`: `lookup` is read-only, `send_email` a write."""
     set_tracing_disabled(True)  # offline: no trace export to OpenAI
@@ -88,6 +89,7 @@ def mailer_app(counters: Counters | None = None) -> steptrail.App:
         return {"output": result.final_output}
 
     return app
+# --8<-- [end:app]
 
 
 app = mailer_app()

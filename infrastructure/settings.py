@@ -74,26 +74,39 @@ class Settings(BaseSettings):
     """How a steptrail runtime behaves. Every field can be set as `STEPTRAIL_<FIELD>`.
 
     Attributes:
-        database_url: `sqlite:///path.db` (default `sqlite:///steptrail.db`) or
-            `postgresql://user@host:port/db`; never empty.
+        database_url: `sqlite:///relative.db`, `sqlite:////absolute.db` or
+            `postgresql://user:pass@host:port/db`; never empty. Add `?mode=ro` to open a
+            SQLite database read-only.
         lease_seconds: how long a segment may go without an append before the reaper may
-            reclaim its run (default 900; above 0, at most 7 days).
-        max_requeues: the requeue budget shared by failure retries and reclaims (default 3).
-        retry_base_seconds / retry_cap_seconds: backoff `min(base · 2^n, cap)` (30 s, 600 s).
-        retry_jitter: fraction of each delay drawn off at random (default 0: exact delays).
-        privacy_level: what the per-step log keeps: none, metadata (default), redacted, full.
-            An invalid value means metadata.
+            reclaim its run; every step renews it, long steps every third of it.
+        max_requeues: the requeue budget shared by failure retries and reclaims (3: at most
+            4 executions).
+        retry_base_seconds: the first retry delay; it doubles per retry, `min(base · 2^n,
+            cap)`.
+        retry_cap_seconds: no retry waits longer than this.
+        retry_jitter: fraction of each delay drawn off at random to spread retries (0:
+            exact delays).
+        privacy_level: what the per-step log keeps: none, metadata, redacted, full. An
+            invalid value means metadata, with a warning.
         poll_interval: seconds an idle worker waits between looks at the queue when nothing
             wakes it (PostgreSQL wakes it with LISTEN/NOTIFY at once).
-        auto_migrate: create or upgrade the schema on open, under a lock (default true).
-        retention_days: global retention window (default 30; unset, zero, negative or
-            invalid means 30; more than 36,500 is refused). retention_agent_run_days
-            (terminal runs) and retention_approval_days (every non-terminal run) fall back
-            to it.
-        max_request_bytes: the largest request accepted, as canonical JSON (default 1 MiB).
+        auto_migrate: create or upgrade the schema on open, under a lock; when false, run
+            `steptrail migrate`.
+        log_format: `json` (what `auto` means when stderr is not a terminal), `console`, or
+            `auto`.
+        log_level: the level of the `steptrail` logger.
+        retention_days: the global retention window in days (unset, zero, negative or
+            invalid means 30, with a warning; more than 36,500 is refused).
+        retention_agent_run_days: the window for terminal runs; unset falls back to
+            `retention_days`.
+        retention_approval_days: the window for every run not yet terminal (queued,
+            running, waiting); unset falls back to `retention_days`.
+        max_request_bytes: the largest request accepted, as canonical JSON.
         max_payload_bytes: the largest step payload, result, submitted input or saved
-            state accepted (default 8 MiB).
-        tracing: OpenTelemetry spans of runs, segments and steps: `auto` (default) when the
+            state accepted.
+        app: `module:attribute` of your `steptrail.App` (what `--app` says on the command
+            line).
+        tracing: OpenTelemetry spans of runs, segments and steps: `auto` when the
             `opentelemetry-api` package is installed, `on` (fail if it is not), `off`.
 
     Raises:

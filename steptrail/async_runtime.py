@@ -179,10 +179,12 @@ async def open_async(
     """Open an async runtime (arguments as `steptrail.open`), closed when the block ends.
 
     Example:
+        ```python
         async with steptrail.open_async(app) as rt:
             run_id = await rt.enqueue("research", {"topic": "..."})
             await rt.work(burst=True, concurrency=100)
             print((await rt.get(run_id)).status)
+        ```
     """
     runtime = await asyncio.to_thread(open_runtime, app, url=url, settings=settings, **overrides)
     try:

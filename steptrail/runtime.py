@@ -182,7 +182,9 @@ class Runtime:
         a failed write raises too.
 
         Raises:
-            UnknownAgent, InvalidRequest, StoreUnavailable.
+            UnknownAgent: no agent of that name is registered.
+            InvalidRequest: the request cannot be serialised or does not validate.
+            StoreUnavailable: the write failed.
         """
         body = self._checked(agent, request, idempotency_key, actor)
         run, probe = self._new_queued(agent, body, idempotency_key, actor)
@@ -226,7 +228,8 @@ class Runtime:
         chunk of items (as `steptrail enqueue --from` does).
 
         Raises:
-            InvalidItem, StoreUnavailable.
+            InvalidItem: an item is bad (its `index` says which); nothing was written.
+            StoreUnavailable: a batch's write failed (the batches before it are written).
         """
         if batch < 1:
             raise ValueError("batch must be a positive integer")
@@ -445,9 +448,11 @@ class Runtime:
         run's next wait for that name.
 
         Raises:
-            UnknownRun; IllegalTransition (the run has settled: nothing is written);
-            InvalidInput (payload too deep, too large, not JSON, or not the declared schema);
-            InvalidActor; ValueError (not a signal name).
+            UnknownRun: no such run.
+            IllegalTransition: the run has settled; nothing is written.
+            InvalidInput: the payload is too deep, too large, not JSON, or not the declared schema.
+            InvalidActor: `by` is not an acceptable actor name.
+            ValueError: `name` is not a signal name.
         """
         from steptrail.workers.signals import Signals
 
@@ -756,7 +761,8 @@ class Runtime:
         """The run's state as of `at_version`, and the events that led there.
 
         Raises:
-            UnknownRun; ValueError when the run has no such version.
+            UnknownRun: no run has that id.
+            ValueError: the run has no such version.
         """
         upto = self.history(run_id, limit=at_version)
         if len(upto) < at_version:
@@ -907,8 +913,8 @@ def open_runtime(
 
     Raises:
         ValueError: a bad database URL (InvalidSettings: a bad setting, naming it).
-        StoreUnavailable: the database cannot be reached. SchemaMissing: the schema is
-        behind and auto-migrate is off.
+        StoreUnavailable: the database cannot be reached.
+        SchemaMissing: the schema is behind and auto-migrate is off.
     """
     from steptrail.examples import app as examples
 

@@ -545,7 +545,10 @@ class RunContext:
         boundary, fenced, and the step's deadline (`LiveStep`).
 
         Raises:
-            LeaseLost, NonDeterministic, ReplayedError, RunTimedOut.
+            LeaseLost: the run is no longer this segment's.
+            NonDeterministic: the journal recorded another step at this position.
+            ReplayedError: the recorded step had raised; raised again.
+            RunTimedOut: the segment is past its `max_duration`.
         """
         call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
         entry = self._next(call)

@@ -42,7 +42,8 @@ class Recorded(Generic[T]):
     Args:
         value: what `ctx.step(...)` returns to the agent.
         payload: more of the step to record (filtered by the privacy level).
-        tokens / cost: counted into the run's totals.
+        tokens: counted into the run's token total.
+        cost: counted into the run's cost total.
     """
 
     value: T

@@ -69,6 +69,7 @@ class App:
     """A registry of agents, tools and failure mappings.
 
     Example:
+        ```python
         app = steptrail.App()
 
         @app.agent("summarise")
@@ -79,6 +80,7 @@ class App:
 
         app.tool("send_email", effect="non_idempotent_write")
         app.classify(MyProviderTimeout, "connection")
+        ```
     """
 
     def __init__(self) -> None:

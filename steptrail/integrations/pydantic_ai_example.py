@@ -1,6 +1,6 @@
 """The offline pydantic-ai example the demo runs (needs the `pydantic-ai` extra): a
 `TestModel` agent with a read tool and a write tool that requires approval, made durable by
-steptrail. Same shape as the README's example."""
+steptrail. Same shape as examples/pydantic_ai_agent.py, the pydantic-ai guide's example."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """steptrail's testing kit for your agents: a pytest plugin (`steptrail_kit`,
 `steptrail_runtime` fixtures), runs driven to their end in the test process, time skipping,
-fault injection, and replay checks against recorded runs. See README "Testing your agents".
+fault injection, and replay checks against recorded runs. See the testing guide,
+docs/guides/testing.md.
 """
 
 from __future__ import annotations

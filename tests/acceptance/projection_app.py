@@ -1,4 +1,4 @@
-"""An app for the projection CLI tests: the README's projection, plus `broken`, which raises
+"""An app for the projection CLI tests: the guide's example projection, plus `broken`, which raises
 on every step while `STEPTRAIL_TEST_BROKEN=1` (so a test can "fix" it by unsetting it)."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ COST_APP = "examples.cost_per_agent_day:app"
 
 
 def spawn_projector(url: str, log: Path) -> subprocess.Popen[Any]:
-    """`steptrail project --every 0.05` with the README's projection, in the background."""
+    """`steptrail project --every 0.05` with the example projection, in the background."""
     handle = log.open("a")
     return subprocess.Popen(
         [sys.executable, "-m", "steptrail", "project", "--every", "0.05"],
@@ -78,7 +78,7 @@ def live_costs(rt: Runtime) -> dict[tuple[str, str], list[Any]]:
 
 
 def test_chaos__projection_equals_a_fold_of_every_shown_run(db_url: str, tmp_path: Path) -> None:
-    """Workers and the projector are SIGKILLed at random mid-batch; afterwards the README's
+    """Workers and the projector are SIGKILLed at random mid-batch; afterwards the example
     projection equals the fold of `show --json` of every run: no step counted twice or
     missed, and `verify` is clean."""
     rt = make_runtime(db_url, cost_app, lease_seconds=1.5)

@@ -1,5 +1,6 @@
-"""The README's testing example runs as written, as a user would run it: its code block is
-written to a file and collected by a separate pytest, through the installed plugin."""
+"""The testing guide's example runs as written, as a user would run it: the file the guide
+includes (examples/testing/test_booking.py, once the README's block) is copied to a folder
+and collected by a separate pytest, through the installed plugin."""
 
 from __future__ import annotations
 
@@ -13,16 +14,15 @@ import pytest
 
 from tests.conftest import PG_ADMIN_URL
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "testing" / "test_booking.py"
+GUIDE = REPO / "docs" / "guides" / "testing.md"
 
 
 def readme_example() -> str:
-    """The first python block of the README's "Testing your agents" section."""
-    text = README.read_text()
-    section = text[text.index("## Testing your agents") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None, "the testing section lost its example"
-    return match.group(1)
+    """The testing kit's example file, which the testing guide includes."""
+    assert '--8<-- "examples/testing/test_booking.py"' in GUIDE.read_text()
+    return EXAMPLE.read_text()
 
 
 def test_readme_example__is_a_test_file_with_the_promised_parts() -> None:

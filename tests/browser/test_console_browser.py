@@ -1,7 +1,7 @@
 """The console in a real headless Chromium: what an operator clicks, checked in the log.
 
 The action tests run on both backends; each checks the run's event trail afterwards, not
-only the page. Set STEPTRAIL_SCREENSHOTS=docs/img to refresh the README's screenshots.
+only the page. Set STEPTRAIL_SCREENSHOTS=docs/img to refresh the console guide's screenshots.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def test_escape__hostile_run_renders_as_text(rt: Runtime, page: Any) -> None:
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_screenshots__run_page_and_inbox(rt: Runtime, page: Any, tmp_path: Path) -> None:
-    """Screenshots of a run's page and of the inbox (the README's; refreshed into
+    """Screenshots of a run's page and of the inbox (the console guide's; refreshed into
     $STEPTRAIL_SCREENSHOTS when set)."""
     settle(rt, {"steps": 3, "fail": {"class": "server_error", "at": 2, "times": 1}})
     rt.work(burst=True)  # the retry after the requeue delay

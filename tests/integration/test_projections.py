@@ -21,7 +21,7 @@ from tests.integration.test_views import COMMANDS, apply_command, scripted_mix
 
 
 def cost_app() -> steptrail.App:
-    """A fresh App with the README's projection (each test registers its own instance)."""
+    """A fresh App with the guide's example projection (each test registers its own)."""
     app = steptrail.App()
     app.add_projection("cost_per_agent_day", CostPerAgentDay())
     return app
@@ -29,7 +29,7 @@ def cost_app() -> steptrail.App:
 
 @pytest.fixture
 def rt(db_url: str) -> Iterator[Runtime]:
-    """A runtime whose app has the README's cost projection."""
+    """A runtime whose app has the projections guide's cost projection."""
     runtime = make_runtime(db_url, cost_app())
     yield runtime
     runtime.close()
@@ -81,7 +81,7 @@ def assert_same_costs(live: dict[Any, list[Any]], expected: dict[Any, list[Any]]
 
 
 def test_projection__folds_every_step_once_and_verifies(rt: Runtime) -> None:
-    """The README projection equals a fold of every run's trail, and verify is clean."""
+    """The guide's example projection equals a fold of every run's trail; verify is clean."""
     run_ids = scripted_mix(rt)
     done = settle(rt, batch=7)
     assert done["cost_per_agent_day"] == done["reporting"] == rt.views.head()

@@ -223,7 +223,7 @@ def test_pydantic_ai__outside_a_steptrail_run_refuses_loudly(runtime: Runtime) -
 
 
 def test_pydantic_ai__test_model_agent_through_open_async(db_url: str) -> None:
-    """The README's offline example: a `TestModel` agent with one read tool, run through
+    """The pydantic-ai guide's offline example: a `TestModel` agent with one read tool, run through
     the async facade; every model request and tool call is a step."""
     agent = Agent(TestModel(), name="helper", capabilities=[StepTrailDurability()])
 

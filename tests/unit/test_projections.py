@@ -1,9 +1,8 @@
 """User projections without a database: the SQL handle's parameters, the runner's parking
-of a failing projection, the public event module, and the README's example."""
+of a failing projection, the public event module, and the projections guide's example."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -133,13 +132,12 @@ def test_upcast__a_stored_old_payload_reaches_readers_in_the_current_shape() -> 
         decode_event(Measured.TOPIC, b'{"actor":"w","_v":0}')
 
 
-def test_readme__shows_the_example_projection_verbatim() -> None:
-    """The README's example is examples/cost_per_agent_day.py, as the tests run it."""
-    readme = (REPO / "README.md").read_text()
-    source = (REPO / "examples" / "cost_per_agent_day.py").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-    body = source.split('"""', 2)[2].lstrip("\n")  # without the module docstring
-    assert any(body.strip() in block for block in blocks)
+def test_projections_guide__includes_the_example_projection() -> None:
+    """The projections guide shows examples/cost_per_agent_day.py, the module the tests
+    run, by including the file itself (pymdownx.snippets), so the two cannot differ."""
+    guide = (REPO / "docs" / "guides" / "projections.md").read_text()
+    assert '--8<-- "examples/cost_per_agent_day.py"' in guide
+    assert (REPO / "examples" / "cost_per_agent_day.py").exists()
 
 
 def test_app__registers_a_projection_class_once() -> None:

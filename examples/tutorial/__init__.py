@@ -1,0 +1,1 @@
+"""The tutorial's agent and the shell session the tutorial walks through."""
