@@ -22,6 +22,7 @@ import pytest
 
 from steptrail.domain.enums import RetryMode, RunStatus
 from steptrail.domain.errors import IllegalTransition
+from steptrail.events import Completed
 from steptrail.domain.retry_plan import RetryPlan
 from steptrail.runtime import Runtime
 from tests.conftest import PG_ADMIN_URL, make_runtime
@@ -168,10 +169,18 @@ def test_upgrade__old_database_opens_migrated_and_works(upgraded: Runtime) -> No
 
 
 JOURNALED = [v for v in VERSIONS if v >= 5]  # the step journal came with schema 5
+KEPT = 31  # from the schema of ADR 0070 on, a failed run kept its journal when it settled
+WAITS = [v for v in VERSIONS if v >= 31]  # durable sleep and signals (ADR 0073)
+
+
+def version_of(request: pytest.FixtureRequest) -> int:
+    return int(request.node.callspec.params["upgraded"])
 
 
 @pytest.mark.parametrize("upgraded", JOURNALED, indirect=True, ids=lambda v: f"schema{v}")
-def test_upgrade__journal_of_runs_in_flight_survives(upgraded: Runtime) -> None:
+def test_upgrade__journal_of_runs_in_flight_survives(
+    upgraded: Runtime, request: pytest.FixtureRequest
+) -> None:
     """The journal entries of the runs that had not settled are still there after the
     upgrade (ADR 0050 moves them into their event rows on SQLite), each read back whole;
     settled runs have none, and a run that settles after the upgrade drops its journal."""
@@ -186,7 +195,8 @@ def test_upgrade__journal_of_runs_in_flight_survives(upgraded: Runtime) -> None:
         assert not entry.failed
     for row in rows:
         if row.status.is_terminal:
-            assert rt.store.journal(row.run_id) == []
+            kept = row.status is RunStatus.FAILED and version_of(request) >= KEPT
+            assert [e.name for e in rt.store.journal(row.run_id)] == (["try"] if kept else [])
     queued = next(r for r in waiting if r.status is RunStatus.QUEUED)
     report = rt.work(burst=True)
     assert report.outcomes == {"completed": 2}  # the approved run and the never-claimed one
@@ -196,7 +206,7 @@ def test_upgrade__journal_of_runs_in_flight_survives(upgraded: Runtime) -> None:
 
 @pytest.mark.parametrize("upgraded", VERSIONS, indirect=True, ids=lambda v: f"schema{v}")
 def test_upgrade__a_run_that_failed_before_journals_were_kept_retries_as_a_restart(
-    upgraded: Runtime,
+    upgraded: Runtime, request: pytest.FixtureRequest
 ) -> None:
     """The dead-lettered fixture run failed when a settle still deleted its journal: if it
     kept its request (schema 9 on), a retry plans a restart (nothing to replay), runs it from
@@ -204,6 +214,14 @@ def test_upgrade__a_run_that_failed_before_journals_were_kept_retries_as_a_resta
     resumes after the recorded step (ADR 0070); without its request, the retry is refused."""
     rt = upgraded
     (dead,) = [r for r in rt.store.all_rows() if r.status is RunStatus.FAILED]
+    if version_of(request) >= KEPT:  # it kept its journal: the retry resumes after `try`
+        assert [e.name for e in rt.store.journal(dead.run_id)] == ["try"]
+        assert rt.retry_plan(dead.run_id) == RetryPlan(RetryMode.RESUME, 2, ())
+        rt.retry(dead.run_id, by="upgrade-test")
+        rt.work(burst=True)
+        assert rt.get(dead.run_id).status is RunStatus.FAILED
+        assert [e.name for e in rt.store.journal(dead.run_id)] == ["try"]
+        return
     assert rt.store.journal(dead.run_id) == []
     if rt.store.saved(dead.run_id, "request") is None:
         with pytest.raises(IllegalTransition, match="no saved request"):
@@ -215,3 +233,39 @@ def test_upgrade__a_run_that_failed_before_journals_were_kept_retries_as_a_resta
     assert rt.get(dead.run_id).status is RunStatus.FAILED
     assert [e.name for e in rt.store.journal(dead.run_id)] == ["try"]
     assert rt.retry_plan(dead.run_id) == RetryPlan(RetryMode.RESUME, 2, ())
+
+
+@pytest.mark.parametrize("upgraded", WAITS, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__waiting_runs_and_kept_signals_survive(upgraded: Runtime) -> None:
+    """The waits of a schema-31 database outlive the upgrade: the year-long sleeper stays
+    asleep (its wake-up still ahead, the claim does not take it), each signal waiter still
+    has the signal of another name in its inbox, and `go` wakes it: it completes with the
+    payload, the deadline-bound one too, and the kept `other` signal is still not consumed."""
+    rt = upgraded
+    rows = {r.state.agent: [] for r in rt.store.all_rows()}
+    for r in rt.store.all_rows():
+        rows[r.state.agent].append(r)
+    (sleeper,) = rows["fixture_sleep"]
+    assert sleeper.status is RunStatus.WAITING_FOR_TIMER
+    listeners = rows["fixture_event"]
+    assert [r.status for r in listeners] == [RunStatus.WAITING_FOR_EVENT] * 2
+    assert sorted(r.available_at is None for r in listeners) == [False, True]
+    for run in listeners:
+        assert [s["name"] for s in rt.store.signals(run.run_id)] == ["other"]
+    assert rt.work(burst=True).outcomes == {"completed": 2}  # the fixture's queued runs only
+    assert rt.get(sleeper.run_id).status is RunStatus.WAITING_FOR_TIMER
+    for n, run in enumerate(listeners):
+        rt.signal(run.run_id, "go", {"n": n}, by="upgrade-test")
+    full = make_runtime(rt.settings.database_url, app=app, privacy_level="full")
+    try:  # the results kept whole, to read the payload each waiter got
+        assert full.work(burst=True).outcomes == {"completed": 2}
+    finally:
+        full.close()
+    for n, run in enumerate(listeners):
+        assert rt.get(run.run_id).status is RunStatus.COMPLETED
+        (done,) = [h.event for h in rt.history(run.run_id) if isinstance(h.event, Completed)]
+        assert done.result == {"result": {"got": {"n": n}}}
+        assert [s["name"] for s in rt.store.signals(run.run_id)] == ["other", "go"]
+    assert rt.get(sleeper.run_id).status is RunStatus.WAITING_FOR_TIMER
+    catch_up(rt)
+    assert rt.verify() == []
