@@ -40,6 +40,7 @@ from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.pg_signals import PostgresSignals
 from steptrail.infrastructure.reporting_store import PROJECTION
+from steptrail.infrastructure.run_ids import PostgresRunIds
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
@@ -243,7 +244,7 @@ class OneConnection:
                 self._taken.release()
 
 
-class PostgresRunStore(PostgresSignals, ClaimsOne):
+class PostgresRunStore(PostgresRunIds, PostgresSignals, ClaimsOne):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
 
     backend = "postgres"

@@ -937,3 +937,22 @@ LIMIT 1;
 -- name: select_signals
 SELECT seq, name, sent_by, sent_at, length(payload) AS size FROM steptrail_signals
 WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: run_ids_like
+-- Short ids (ADR 0074): the runs whose id starts with the digits (a range of the primary
+-- key) or ends with them (what a table shows: a scan of the index's keys, paid only when
+-- somebody typed a part of an id), then purged runs' tombstones alike. The suffix comes
+-- with its dashes, matched against the uuid's canonical text.
+SELECT run_id, 0 AS purged FROM (
+    SELECT run_id FROM steptrail_runs WHERE run_id BETWEEN %(lo)s AND %(hi)s
+    UNION
+    SELECT run_id FROM steptrail_runs WHERE run_id::text LIKE %(suffix)s
+) AS live
+UNION ALL
+SELECT run_id, 1 AS purged FROM (
+    SELECT run_id FROM steptrail_tombstones WHERE run_id BETWEEN %(lo)s AND %(hi)s
+    UNION
+    SELECT run_id FROM steptrail_tombstones WHERE run_id::text LIKE %(suffix)s
+) AS gone
+ORDER BY purged, run_id
+LIMIT %(limit)s;

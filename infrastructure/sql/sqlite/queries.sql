@@ -668,3 +668,21 @@ LIMIT 1;
 -- name: select_signals
 SELECT seq, name, sent_by, sent_at, length(payload) AS size FROM steptrail_signals
 WHERE run_id = :run_id ORDER BY seq;
+
+-- name: run_ids_like
+-- Short ids (ADR 0074): the runs whose id starts with the digits (a key range of the
+-- primary key) or ends with them (what a table shows: a scan of the index's keys, paid
+-- only when somebody typed a part of an id), then purged runs' tombstones alike.
+SELECT run_id, 0 AS purged FROM (
+    SELECT run_id FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi
+    UNION
+    SELECT run_id FROM steptrail_runs WHERE run_id LIKE :suffix
+)
+UNION ALL
+SELECT run_id, 1 AS purged FROM (
+    SELECT run_id FROM steptrail_tombstones WHERE run_id BETWEEN :lo AND :hi
+    UNION
+    SELECT run_id FROM steptrail_tombstones WHERE run_id LIKE :suffix
+)
+ORDER BY purged, run_id
+LIMIT :limit;
