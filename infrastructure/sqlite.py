@@ -34,6 +34,7 @@ from steptrail.domain.run import Run, RunEvent, RunState
 from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.run_ids import SQLiteRunIds
+from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.store_base import (
@@ -524,7 +525,7 @@ class _PreparedAppend:
     wake: bool
 
 
-class SQLiteRunStore(SQLiteRunIds, SQLiteSignals, ClaimsOne):
+class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteSignals, ClaimsOne):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 
     backend = "sqlite"

@@ -30,6 +30,7 @@ from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.logging import set_level, steptrail_logger
 from steptrail.infrastructure.projection_store import ProjectionStore
 from steptrail.infrastructure.settings import Settings
+from steptrail.runtime_schedules import RuntimeSchedules
 from steptrail.runtime_views import RunRef, RuntimeViews
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.store_threads import StoreThreads
@@ -88,7 +89,7 @@ class InvalidItem(InvalidRequest):
         self.reason = reason
 
 
-class Runtime(RuntimeViews):
+class Runtime(RuntimeViews, RuntimeSchedules):
     """A steptrail runtime bound to one database and one set of agents."""
 
     def __init__(
@@ -177,6 +178,18 @@ class Runtime(RuntimeViews):
             InvalidRequest: the request cannot be serialised or does not validate.
             StoreUnavailable: the write failed.
         """
+        return self.enqueue_once(agent, request, idempotency_key=idempotency_key, actor=actor)[0]
+
+    def enqueue_once(
+        self,
+        agent: str,
+        request: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        actor: str = "enqueue",
+    ) -> tuple[UUID, bool]:
+        """`enqueue`, also saying whether the run is new (False: the idempotency key's run
+        existed already and is returned)."""
         body = self._checked(agent, request, idempotency_key, actor)
         run, probe = self._new_queued(agent, body, idempotency_key, actor)
         stored: Run | None = None
@@ -192,7 +205,7 @@ class Runtime(RuntimeViews):
             duplicate=stored is not run,
             **_trace_fields(stored),
         )
-        return stored.id
+        return stored.id, stored is run
 
     def enqueue_many(
         self,

@@ -128,7 +128,7 @@ def _enqueue_from(
     from steptrail.workers.registry import UnknownAgent
 
     max_line = 2 * settings_for(ctx).max_request_bytes + 4096
-    with _lines_source(source) as handle, runtime(ctx) as rt:
+    with _lines_source(source) as handle, runtime(ctx, creates=True) as rt:
         total = 0
         for number, item in _jsonl_items(handle, source, max_line, agent):
             try:
@@ -266,6 +266,14 @@ def work(
             "--views/--no-views", help="Also keep the reporting views up to date meanwhile."
         ),
     ] = True,
+    schedules: Annotated[
+        bool,
+        typer.Option(
+            "--schedules/--no-schedules",
+            help="Also run the scheduler: store the app's schedules and fire their due ticks "
+            "(one run per tick however many workers do; ADR 0076).",
+        ),
+    ] = True,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -305,12 +313,23 @@ def work(
         )
         if views:
             projector.start()
+        scheduler = threading.Thread(
+            target=rt.scheduler().run_forever,
+            args=(min(rt.settings.poll_interval, 1.0), stop_views),
+            name="steptrail-schedules",
+            daemon=True,
+        )
+        scheduling = schedules and bool(rt.app.schedules)
+        if scheduling:
+            scheduler.start()
         try:
             report = worker.run()
         finally:
             stop_views.set()
             if views:
                 projector.join(timeout=10)
+            if scheduling:
+                scheduler.join(timeout=10)
             if server is not None:
                 server.close()
         if views and burst:

@@ -956,3 +956,47 @@ SELECT run_id, 1 AS purged FROM (
 ) AS gone
 ORDER BY purged, run_id
 LIMIT %(limit)s;
+
+-- name: select_schedules
+-- Schedules (ADR 0076).
+SELECT *, now() AS store_now FROM steptrail_schedules ORDER BY name;
+
+-- name: select_schedule
+SELECT *, now() AS store_now FROM steptrail_schedules WHERE name = %(name)s FOR UPDATE;
+
+-- name: insert_schedule
+INSERT INTO steptrail_schedules (
+    name, cron, agent, request, missed, grace_ms, paused, next_tick_at, updated_by
+) VALUES (
+    %(name)s, %(cron)s, %(agent)s, %(request)s, %(missed)s, %(grace_ms)s, false,
+    %(next_tick_at)s, %(by)s
+)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: update_schedule_definition
+UPDATE steptrail_schedules SET
+    cron = %(cron)s, agent = %(agent)s, request = %(request)s, missed = %(missed)s,
+    grace_ms = %(grace_ms)s, next_tick_at = %(next_tick_at)s, updated_at = now(),
+    updated_by = %(by)s
+WHERE name = %(name)s;
+
+-- name: due_schedules
+SELECT *, now() AS store_now FROM steptrail_schedules
+WHERE NOT paused AND next_tick_at <= now()
+ORDER BY next_tick_at, name
+LIMIT %(limit)s;
+
+-- name: advance_schedule
+-- A compare-and-set on the next tick: of two schedulers that fired the same ticks (one run
+-- each, by their idempotency keys), one moves the schedule on and the other finds it moved.
+UPDATE steptrail_schedules SET
+    next_tick_at = %(next_tick_at)s,
+    last_tick_at = coalesce(%(last_tick_at)s, last_tick_at),
+    last_run_id = coalesce(%(last_run_id)s, last_run_id),
+    updated_at = now()
+WHERE name = %(name)s AND next_tick_at = %(expected)s;
+
+-- name: pause_schedule
+UPDATE steptrail_schedules SET paused = %(paused)s, updated_at = now(), updated_by = %(by)s
+WHERE name = %(name)s
+RETURNING *, now() AS store_now;

@@ -686,3 +686,43 @@ SELECT run_id, 1 AS purged FROM (
 )
 ORDER BY purged, run_id
 LIMIT :limit;
+
+-- name: select_schedules
+-- Schedules (ADR 0076).
+SELECT * FROM steptrail_schedules ORDER BY name;
+
+-- name: select_schedule
+SELECT * FROM steptrail_schedules WHERE name = :name;
+
+-- name: insert_schedule
+INSERT INTO steptrail_schedules (
+    name, cron, agent, request, missed, grace_ms, paused, next_tick_at, updated_at, updated_by
+) VALUES (
+    :name, :cron, :agent, :request, :missed, :grace_ms, 0, :next_tick_at, :at, :by
+);
+
+-- name: update_schedule_definition
+UPDATE steptrail_schedules SET
+    cron = :cron, agent = :agent, request = :request, missed = :missed,
+    grace_ms = :grace_ms, next_tick_at = :next_tick_at, updated_at = :at, updated_by = :by
+WHERE name = :name;
+
+-- name: due_schedules
+SELECT * FROM steptrail_schedules
+WHERE paused = 0 AND next_tick_at <= :now
+ORDER BY next_tick_at, name
+LIMIT :limit;
+
+-- name: advance_schedule
+-- A compare-and-set on the next tick: of two schedulers that fired the same ticks (one run
+-- each, by their idempotency keys), one moves the schedule on and the other finds it moved.
+UPDATE steptrail_schedules SET
+    next_tick_at = :next_tick_at,
+    last_tick_at = coalesce(:last_tick_at, last_tick_at),
+    last_run_id = coalesce(:last_run_id, last_run_id),
+    updated_at = :at
+WHERE name = :name AND next_tick_at = :expected;
+
+-- name: pause_schedule
+UPDATE steptrail_schedules SET paused = :paused, updated_at = :at, updated_by = :by
+WHERE name = :name;
