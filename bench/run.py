@@ -35,7 +35,6 @@ import multiprocessing as mp
 import os
 import queue
 import resource
-import socket
 import sqlite3
 import sys
 import tempfile
@@ -76,9 +75,8 @@ AGENT = "scripted"
 REQUEST = {"steps": 1}
 STARTUP_TIMEOUT_S = 120.0
 PAYLOAD_BYTES = 200  # the raw baselines' row payload, about one encoded step event
-WIRE_APPENDS = 20
-WIRE_OPS = 20  # enqueues and claims counted
-WIRE_WARM_UP = 8  # 2 x the pool's connections: each prepares its statements once
+# The other scripts' databases (bench/peers.py, bench/latency.py), dropped at the end too.
+PEER_DATABASES = ("steptrail_bench_peer", "dbos_bench", "steptrail_bench_latency")
 
 
 class BenchError(RuntimeError):
@@ -611,134 +609,6 @@ def bench_procrastinate(url: str, cfg: Config) -> dict[str, float]:
     return {"enqueue": defer_rate, **drain.figures(cfg.runs)}
 
 
-# -- wire cost: a counting proxy in front of PostgreSQL ------------------------------------------
-
-
-class WireCounter:
-    """A loopback TCP proxy that counts, in what the server sends, ReadyForQuery messages
-    (one per sync point: each is a round trip the client waits for) and COMMIT command tags.
-
-    It relies on the session starting without SSL/GSS negotiation (PGSSLMODE=disable), so
-    that the server's stream is framed protocol messages from its first byte.
-    """
-
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.syncs = 0
-        self.commits = 0
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def snapshot(self) -> tuple[int, int]:
-        with self._lock:
-            return self.syncs, self.commits
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self._sockets:
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self._sockets += [client, server]
-            threading.Thread(target=self._forward, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._count, args=(server, client), daemon=True).start()
-
-    @staticmethod
-    def _forward(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            target.close()
-
-    def _count(self, server: socket.socket, client: socket.socket) -> None:
-        buffer = b""
-        try:
-            while data := server.recv(65536):
-                buffer += data
-                while len(buffer) >= 5:
-                    size = int.from_bytes(buffer[1:5], "big")
-                    if len(buffer) < 1 + size:
-                        break
-                    kind, body, buffer = buffer[:1], buffer[5 : 1 + size], buffer[1 + size :]
-                    with self._lock:
-                        if kind == b"Z":
-                            self.syncs += 1
-                        elif kind == b"C" and body.rstrip(b"\0") == b"COMMIT":
-                            self.commits += 1
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
-            client.close()
-
-
-def wire_costs(url: str) -> dict[str, float]:
-    """Round trips (sync points) and COMMITs per enqueue, claim and step append."""
-    parts = urlsplit(url)
-    counter = WireCounter(parts.hostname or "127.0.0.1", parts.port or 5432)
-    netloc = f"{parts.username or 'postgres'}@127.0.0.1:{counter.port}"
-    proxied = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    costs: dict[str, float] = {}
-    try:
-        with open_runtime(settings=steptrail_settings(proxied)) as runtime:
-            # Warm-up: the pool hands its connections out in turn, and psycopg prepares a
-            # statement on its first use on each connection (one extra round trip, once per
-            # connection), so every pooled connection runs each statement once first; what
-            # is counted is the steady state, averaged over WIRE_OPS operations.
-            holder, lease_ms = holder_name("bench"), runtime.settings.lease_ms
-            for _ in range(WIRE_WARM_UP):
-                runtime.enqueue(AGENT, REQUEST)
-            before = counter.snapshot()
-            for _ in range(WIRE_OPS):
-                runtime.enqueue(AGENT, REQUEST)
-            costs.update(_per_op("enqueue", before, counter.snapshot(), WIRE_OPS))
-            for _ in range(WIRE_WARM_UP):  # the key's run is queued too (claimed below)
-                runtime.enqueue(AGENT, REQUEST, idempotency_key="wire-taken")
-            before = counter.snapshot()
-            for _ in range(WIRE_OPS):
-                runtime.enqueue(AGENT, REQUEST, idempotency_key="wire-taken")
-            costs.update(_per_op("enqueue_key_taken", before, counter.snapshot(), WIRE_OPS))
-            claimed = None
-            for _ in range(WIRE_WARM_UP):  # every run enqueued above is claimed in turn
-                runtime.store.claim(holder=holder, lease_ms=lease_ms, agents=[AGENT])
-            before = counter.snapshot()
-            for _ in range(WIRE_OPS):
-                claimed = runtime.store.claim(holder=holder, lease_ms=lease_ms, agents=[AGENT])
-            costs.update(_per_op("claim", before, counter.snapshot(), WIRE_OPS))
-            assert claimed is not None
-            run = claimed.run
-            for i in range(WIRE_WARM_UP):
-                run.record_step(kind="llm", name=f"w{i}", duration_ms=0, payload=step_payload(0))
-                runtime.store.append(run)
-            before = counter.snapshot()
-            for i in range(1, WIRE_APPENDS + 1):
-                run.record_step(kind="llm", name=f"s{i}", duration_ms=0, payload=step_payload(i))
-                runtime.store.append(run)
-            costs.update(_per_op("append", before, counter.snapshot(), WIRE_APPENDS))
-    finally:
-        counter.close()
-    return costs
-
-
-def _per_op(name: str, before: tuple[int, int], after: tuple[int, int], n: int) -> dict[str, float]:
-    return {
-        f"{name}_round_trips": (after[0] - before[0]) / n,
-        f"{name}_commits": (after[1] - before[1]) / n,
-    }
-
-
 # -- orchestration -------------------------------------------------------------------------------
 
 
@@ -752,6 +622,13 @@ class Config:
     pg: str
     keep: bool
     cold_stats: bool
+    # bench/peers.py: DBOS and steptrail, no-op and five-step, N = peer_runs each.
+    peers: bool = False
+    peer_runs: int = 200
+    dbos_poll: float = 0.01
+    # bench/latency.py, once after the rounds.
+    latency: bool = False
+    latency_samples: int = 200
 
 
 def one_round(cfg: Config, folder: Path, index: int) -> dict[str, float]:
@@ -776,12 +653,25 @@ def one_round(cfg: Config, folder: Path, index: int) -> dict[str, float]:
         url = recreate_database(cfg.pg, DB_PROCRASTINATE)
         return {f"procrastinate_{k}": v for k, v in bench_procrastinate(url, cfg).items()}
 
+    def peers_pg() -> dict[str, float]:
+        import peers  # here, not at the top: peers.py imports this file
+
+        return peers.peer_figures(cfg, folder, index, "pg")
+
+    def peers_sqlite() -> dict[str, float]:
+        import peers
+
+        return peers.peer_figures(cfg, folder, index, "sqlite")
+
     systems: list[Callable[[], dict[str, float]]] = [
         steptrail_pg,
         procrastinate,
         raw_pg,
         steptrail_sqlite,
     ]
+    if cfg.peers:
+        systems[1:1] = [peers_pg]
+        systems.append(peers_sqlite)
     shift = index % len(systems)
     out: dict[str, float] = {}
     for system in systems[shift:] + systems[:shift]:
@@ -810,6 +700,24 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         "a burst of enqueues into a new table)",
     )
     parser.add_argument("--no-wire", action="store_true", help="skip the wire-cost count")
+    parser.add_argument(
+        "--no-peers", action="store_true", help="skip DBOS and the peer drains (bench/peers.py)"
+    )
+    parser.add_argument(
+        "--peer-runs", type=int, help="N runs/workflows per peer drain (200; quick 100)"
+    )
+    parser.add_argument(
+        "--dbos-poll",
+        type=float,
+        default=0.01,
+        help="DBOS queue polling_interval_sec in the peer drains (0.01)",
+    )
+    parser.add_argument(
+        "--no-latency", action="store_true", help="skip the latency figures (bench/latency.py)"
+    )
+    parser.add_argument(
+        "--latency-samples", type=int, help="samples per latency figure (200; quick 50)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
@@ -822,9 +730,17 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         pg=args.pg.rstrip("/"),
         keep=args.keep,
         cold_stats=args.cold_stats,
+        peers=not args.no_peers,
+        peer_runs=args.peer_runs or (100 if args.quick else 200),
+        dbos_poll=args.dbos_poll,
+        latency=not args.no_latency,
+        latency_samples=args.latency_samples or (50 if args.quick else 200),
     )
-    if min(cfg.runs, cfg.appends, cfg.rounds, cfg.processes, cfg.concurrency) < 1:
+    counts = (cfg.runs, cfg.appends, cfg.rounds, cfg.processes, cfg.concurrency, cfg.peer_runs)
+    if min(*counts, cfg.latency_samples) < 1:
         parser.error("every count must be at least 1")
+    if cfg.dbos_poll <= 0:
+        parser.error("--dbos-poll must be positive")
     return cfg, args
 
 
@@ -846,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rounds: list[dict[str, float]] = []
     wire: dict[str, float] = {}
+    latency: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="steptrail-bench-") as tmp:
             for i in range(cfg.rounds):
@@ -855,26 +772,36 @@ def main(argv: list[str] | None = None) -> int:
                     f"round {i + 1}/{cfg.rounds} done in {time.monotonic() - t:.0f}s",
                     file=sys.stderr,
                 )
+            if cfg.latency:
+                import latency as latency_bench  # here: latency.py imports this file
+
+                t = time.monotonic()
+                latency = latency_bench.measure(cfg, Path(tmp))
+                print(f"latency done in {time.monotonic() - t:.0f}s", file=sys.stderr)
         if not args.no_wire:
+            from wire import wire_costs  # here: wire.py imports this file
+
             wire = wire_costs(recreate_database(cfg.pg, DB_STEPTRAIL))
     except (BenchError, psycopg.Error) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
         if not cfg.keep:
-            for name in (DB_STEPTRAIL, DB_RAW, DB_PROCRASTINATE):
+            for name in (DB_STEPTRAIL, DB_RAW, DB_PROCRASTINATE, *PEER_DATABASES):
                 drop_database(cfg.pg, name)
     summary = summarise(rounds)
     load = f"{load_before}/{load_average()}"
-    print(markdown(summary, wire, cfg, load))
+    print(markdown(summary, wire, cfg, load, latency))
     print(f"\n(total {time.monotonic() - started:.0f}s)", file=sys.stderr)
     if args.json:
         report = {
             "config": asdict(cfg),
             "environment": {**environment(pg_version), "load_average": load},
+            "dbos_poll_s": cfg.dbos_poll if cfg.peers else None,
             "rounds": rounds,
             "summary": summary,
             "wire": wire,
+            "latency": latency,
         }
         args.json.write_text(json.dumps(report, indent=2))
     return 0
