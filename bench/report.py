@@ -253,12 +253,15 @@ def _headline(summary: dict[str, dict[str, float]], cfg: Config) -> list[str]:
     rows = [(k, label) for k, label in rows if k in summary]
     if not rows:
         return []
-    out = [
-        "",
-        f"Peers: N = {cfg.peer_runs} runs per drain, 1 worker process x concurrency "
-        f"{cfg.concurrency} for both (Procrastinate: the drain above), DBOS queue polling "
-        f"interval {cfg.dbos_poll} s.",
-        "",
+    out = [""]
+    if cfg.peers:
+        out += [
+            f"Peers: N = {cfg.peer_runs} runs per drain, 1 worker process x concurrency "
+            f"{cfg.concurrency} for both (Procrastinate: the drain above), DBOS queue polling "
+            f"interval {cfg.dbos_poll} s.",
+            "",
+        ]
+    out += [
         "| Comparison (median of per-round ratios) | Value | Min - max | Target | Met |",
         "|---|---:|---:|---:|---|",
     ]

@@ -808,4 +808,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # bench/peers.py, latency.py and wire.py import this file as `run`: let them get this
+    # module, not a second copy with its own BenchError that main() would not catch.
+    sys.modules.setdefault("run", sys.modules[__name__])
     sys.exit(main())
