@@ -1,8 +1,8 @@
 """steptrail benchmark: no-op run throughput and step-append rate, against raw SQL and
 Procrastinate, all measured in one invocation so that the ratios compare like with like.
 
-    python bench/run.py --quick                 # about a minute
-    python bench/run.py                         # about 2.5 minutes, 5 rounds
+    python bench/run.py --quick                 # about 2 minutes
+    python bench/run.py                         # about 6 minutes, 5 rounds
     python bench/run.py --processes 2 --concurrency 4 --runs 2000 --json out.json
 
 What is measured (see bench/README.md for the meaning of every figure):
@@ -16,9 +16,12 @@ What is measured (see bench/README.md for the meaning of every figure):
   P processes x C threads, and a bare single-row INSERT loop; a bare SQLite INSERT loop.
 * Procrastinate: N no-op tasks deferred one by one, then drained by P processes each running
   a worker with `concurrency=C` and `wait=False`.
-* Wire cost (PostgreSQL only): a counting proxy in front of the server tells how many sync
-  points (ReadyForQuery messages: the client waits for each) and COMMITs one enqueue, one
-  claim and one append cost.
+* Wire cost (PostgreSQL only, bench/wire.py): a counting proxy in front of the server tells
+  how many sync points (ReadyForQuery messages) and COMMITs an enqueue, a claim, an append cost.
+* Peers (bench/peers.py): steptrail and DBOS 3.4.0 drain the same no-op and five-step runs,
+  one process of C slots each, on PostgreSQL and SQLite; part of every round.
+* Latency (bench/latency.py, once at the end): enqueue -> start, a step's record, approve ->
+  resume on an idle worker, p50/p99. bench/report.py prints the tables.
 
 Every round recreates the databases, so rounds start from the same state; each figure is the
 median over rounds and each ratio the median of the per-round ratios.
@@ -682,7 +685,9 @@ def one_round(cfg: Config, folder: Path, index: int) -> dict[str, float]:
 
 def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="N=1000, K=500, 2 rounds (~1 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="N=1000, K=500, 2 rounds, 100 peer runs, 50 samples"
+    )
     parser.add_argument("--runs", type=int, help="N runs/jobs per drain (2000; quick 1000)")
     parser.add_argument("--appends", type=int, help="K appends/inserts (1000; quick 500)")
     parser.add_argument("--rounds", type=int, help="rounds, each from fresh databases (5; quick 2)")
