@@ -1,8 +1,8 @@
 """steptrail benchmark: no-op run throughput and step-append rate, against raw SQL and
 Procrastinate, all measured in one invocation so that the ratios compare like with like.
 
-    python bench/run.py --quick                 # about 2 minutes
-    python bench/run.py                         # about 6 minutes, 5 rounds
+    python bench/run.py --quick                 # about 3 minutes
+    python bench/run.py                         # about 10 minutes, 5 rounds
     python bench/run.py --processes 2 --concurrency 4 --runs 2000 --json out.json
 
 What is measured (see bench/README.md for the meaning of every figure):
