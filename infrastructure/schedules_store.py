@@ -175,18 +175,14 @@ class PostgresSchedules:
             now = conn.execute(self.q["store_now"]).fetchone()["now"]
             params["next_tick_at"] = schedule.first_tick(now)
             conn.execute(self.q["insert_schedule"], params)  # nothing if it exists
-            found = conn.execute(
-                self.q["select_schedule"], {"name": schedule.name}
-            ).fetchone()
+            found = conn.execute(self.q["select_schedule"], {"name": schedule.name}).fetchone()
             kept = _row(found, sqlite=False)
             if same_definition(kept, schedule):
                 return kept
             if kept.schedule.cron == schedule.cron:
                 params["next_tick_at"] = kept.next_tick_at
             conn.execute(self.q["update_schedule_definition"], params)
-            found = conn.execute(
-                self.q["select_schedule"], {"name": schedule.name}
-            ).fetchone()
+            found = conn.execute(self.q["select_schedule"], {"name": schedule.name}).fetchone()
             return _row(found, sqlite=False)
 
     def due_schedules(self: _Postgres, limit: int) -> tuple[datetime, list[ScheduleRow]]:
