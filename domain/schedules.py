@@ -24,7 +24,8 @@ from cronsim import CronSim, CronSimError
 
 from steptrail.domain.errors import DomainError
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@*/,-]{0,127}")
+# What an actor name may hold too: the runs a schedule makes are enqueued by `schedule:NAME`.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/,-]{0,127}")
 DEFAULT_GRACE_S = 60.0
 MOST_TICKS_PER_PASS = 100  # on-time ticks fired for one schedule in one pass; the rest next pass
 
@@ -58,7 +59,7 @@ class Schedule:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise InvalidSchedule(
-                f"a schedule name is 1-128 letters, digits and _ . : @ * / , -, not {self.name!r}"
+                f"a schedule name is 1-128 letters, digits and _ . : @ / , -, not {self.name!r}"
             )
         check_cron(self.cron)
         if not isinstance(self.agent, str) or not self.agent:

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from steptrail.domain.actors import check_actor
-from steptrail.domain.schedules import ScheduleRow, UnknownSchedule
+from steptrail.domain.errors import InvalidActor
+from steptrail.domain.schedules import (
+    InvalidSchedule,
+    ScheduleRow,
+    UnknownSchedule,
+    schedule_actor,
+)
+from steptrail.workers.registry import UnknownAgent
 
 if TYPE_CHECKING:
     import structlog
@@ -47,6 +54,7 @@ class RuntimeSchedules:
         app's definitions and fires due ticks until stopped; `tick_once()` is one pass."""
         from steptrail.workers.scheduler import Scheduler
 
+        self.check_schedules()
         return Scheduler(
             self.store,
             self.app.schedules,
@@ -54,6 +62,34 @@ class RuntimeSchedules:
             self.enqueue_once,
             log=self.log,
         )
+
+    def check_schedules(self) -> None:
+        """Refuse, before anything fires, a schedule whose request its agent would refuse
+        (its model, the size and depth limits), or whose agent this app lacks.
+
+        Raises:
+            InvalidSchedule: naming the schedule and what is wrong.
+        """
+        from steptrail.runtime import InvalidRequest, checked_enqueue
+
+        for schedule in self.app.schedules.values():
+            try:
+                checked_enqueue(
+                    self.app,
+                    self.settings,
+                    schedule.agent,
+                    dict(schedule.request),
+                    key=None,
+                    actor=schedule_actor(schedule.name),
+                )
+            except UnknownAgent:
+                known = ", ".join(self.app.agent_names)
+                raise InvalidSchedule(
+                    f"schedule {schedule.name!r} runs {schedule.agent!r}, which this app does "
+                    f"not register (registered: {known})"
+                ) from None
+            except (InvalidRequest, InvalidActor) as error:
+                raise InvalidSchedule(f"schedule {schedule.name!r}: {error}") from None
 
     def schedules(self) -> list[ScheduleRow]:
         """Every schedule the store keeps (those the app defines once a worker, or

@@ -192,15 +192,16 @@ class App:
         idempotency key is the schedule's name and the tick). A tick at most
         `grace_seconds` old when a scheduler sees it runs; older ones were missed (nothing
         ran a scheduler): `missed="skip"` drops them, `"latest"` runs the newest of them
-        once. `name` (default `agent@cron`) identifies the schedule in the store and in
-        `steptrail schedules`; `steptrail work` stores the definitions when it starts.
+        once. `name` (default: the agent's; give one to schedule an agent twice) identifies
+        the schedule in the store and in `steptrail schedules`; `steptrail work` stores the
+        definitions when it starts.
 
         Raises:
             InvalidSchedule: a bad name, cron expression, policy or grace; nothing kept.
             ValueError: another schedule already has that name.
         """
         schedule = Schedule(
-            name=name if name is not None else f"{agent}@{cron.strip().replace(' ', '_')}",
+            name=name if name is not None else agent,
             cron=cron.strip() if isinstance(cron, str) else cron,
             agent=agent,
             request=dict(request or {}),
@@ -208,7 +209,9 @@ class App:
             grace_s=grace_seconds,
         )
         if schedule.name in self._schedules and self._schedules[schedule.name] != schedule:
-            raise ValueError(f"a schedule named {schedule.name!r} is already defined")
+            raise ValueError(
+                f"a schedule named {schedule.name!r} is already defined (give this one a name=)"
+            )
         self._schedules[schedule.name] = schedule
         return schedule
 

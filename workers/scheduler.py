@@ -20,6 +20,7 @@ from uuid import UUID
 
 import structlog
 
+from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.schedules import (
     Schedule,
     ScheduleRow,
@@ -103,10 +104,25 @@ class Scheduler:
                 continue  # another deployment's agent: its own schedulers fire it
             try:
                 self._fire(row, now, report)
-            except Exception as error:  # noqa: BLE001 - one schedule's failure stops no other
+            except StoreUnavailable:
+                raise  # the tick stays due; the next pass tries again
+            except (ValueError, LookupError) as error:
+                # The store's definition cannot be enqueued (another deployment stored a
+                # request this app's agent refuses): the tick is not retried every pass.
                 report.failed[row.name] = f"{type(error).__name__}: {error}"
                 self.log.warning("schedule_failed", schedule=row.name, error=str(error))
+                self._skip(row, now)
         return report
+
+    def _skip(self, row: ScheduleRow, now: datetime) -> None:
+        firing = due(row.schedule, row.next_tick_at, now)
+        self.store.advance_schedule(
+            row.name,
+            expected=row.next_tick_at,
+            next_tick_at=firing.next_tick,
+            last_tick_at=None,
+            last_run_id=None,
+        )
 
     def _fire(self, row: ScheduleRow, now: datetime, report: PassReport) -> None:
         firing = due(row.schedule, row.next_tick_at, now)
@@ -149,8 +165,6 @@ class Scheduler:
     def run_forever(self, poll: float, stop: threading.Event) -> None:
         """Reconcile, then a pass every `poll` seconds until `stop` is set; a store outage
         is logged and the next pass tries again."""
-        from steptrail.domain.errors import StoreUnavailable
-
         while not stop.is_set():
             try:
                 self.reconcile()

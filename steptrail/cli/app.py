@@ -108,6 +108,7 @@ def runtime(
         UnreadableRun,
     )
     from steptrail.domain.limits import PayloadRejected
+    from steptrail.domain.schedules import InvalidSchedule, UnknownSchedule
     from steptrail.infrastructure.factory import ReadOnlyStore
     from steptrail.runtime import InvalidRequest
     from steptrail.workers.registry import UnknownAgent
@@ -123,6 +124,7 @@ def runtime(
         InvalidActor,
         PayloadRejected,
         InvalidRunId,
+        InvalidSchedule,
     ) as error:
         fail(str(error), 2)
     except (
@@ -133,6 +135,7 @@ def runtime(
         UnreadableEvent,
         UnreadableRun,
         ReadOnlyStore,
+        UnknownSchedule,
     ) as error:
         fail(str(error), 1)
     except StoreUnavailable as error:

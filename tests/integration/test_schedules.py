@@ -218,3 +218,30 @@ def test_kit__fire_schedules_after_skipping_time(sqlite_url: str) -> None:
         assert {r.status.value for r in scheduled_runs(rt)} == {"completed"}
     finally:
         rt.close()
+
+
+def test_check__a_request_the_agent_refuses_stops_the_scheduler_before_it_fires(
+    db_url: str,
+) -> None:
+    from pydantic import BaseModel
+
+    from steptrail.domain.schedules import InvalidSchedule
+
+    class Team(BaseModel):
+        team: str
+
+    app = App()
+
+    @app.agent("digest", request_model=Team)
+    def digest(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    app.schedule("0 7 * * *", "digest", request={"tem": "ops"})
+    app.schedule("0 7 * * *", "missing", name="orphan")
+    rt = make_runtime(db_url, app=app)
+    try:
+        with pytest.raises(InvalidSchedule, match="'digest'.*team"):
+            rt.scheduler()
+        assert rt.schedules() == []  # nothing stored, nothing fired
+    finally:
+        rt.close()

@@ -114,6 +114,7 @@ def _ticks(start: datetime, end: datetime) -> list[datetime]:
         ({"cron": "* * * *"}, "not a cron expression"),
         ({"cron": " "}, "needs a cron expression"),
         ({"name": "bad name!"}, "schedule name"),
+        ({"name": "every*"}, "schedule name"),
         ({"missed": "all"}, "missed ticks"),
         ({"grace_s": 0}, "grace"),
         ({"agent": ""}, "agent"),
@@ -128,11 +129,12 @@ def test_schedule__bad_definitions_are_refused(kwargs: dict, message: str) -> No
 def test_app_schedule__names_keys_and_clashes() -> None:
     app = App()
     made = app.schedule("0 7 * * *", "digest", request={"team": "ops"})
-    assert made.name == "digest@0_7_*_*_*"
+    assert made.name == "digest"  # the agent's, unless named
     assert app.schedules == {made.name: made}
     assert app.schedule("0 7 * * *", "digest", request={"team": "ops"}) == made  # same again
-    with pytest.raises(ValueError, match="already defined"):
-        app.schedule("0 8 * * *", "digest", name=made.name)
+    with pytest.raises(ValueError, match="give this one a name"):
+        app.schedule("0 8 * * *", "digest")
+    assert app.schedule("0 8 * * *", "digest", name="digest-late").name == "digest-late"
     assert tick_key("digest", T0) == "schedule:digest:2026-12-07T07:00:00Z"
     other = App()
     other.schedule("0 8 * * *", "digest", name=made.name)
