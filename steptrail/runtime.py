@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
-ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor")
+ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor", "queue", "priority")
 # The hooks the worker metrics and the tracer override (the others are Telemetry's no-ops):
 # made on first use, they are made by these only (tests/unit/test_cli_imports.py checks).
 METRICS_HOOKS = ("claimed", "segment_started")
@@ -174,8 +174,11 @@ class Runtime:
         *,
         idempotency_key: str | None = None,
         actor: str = "enqueue",
+        queue: str | None = None,
+        priority: int | None = None,
     ) -> UUID:
         """Queue a run of `agent`; returns its id (the existing run's, for a taken key).
+        `queue` and `priority` default to the agent's (ADR 0077).
 
         Fail-closed: an unknown agent or a request that cannot be serialised (or does not
         validate against the agent's request model) raises before anything is written, and
@@ -183,11 +186,13 @@ class Runtime:
 
         Raises:
             UnknownAgent: no agent of that name is registered.
-            InvalidRequest: the request cannot be serialised or does not validate.
+            InvalidRequest: the request cannot be serialised or does not validate, or the
+                queue or priority is not one the App accepts.
             StoreUnavailable: the write failed.
         """
         body = self._checked(agent, request, idempotency_key, actor)
-        run, probe = self._new_queued(agent, body, idempotency_key, actor)
+        placed = self._placement(agent, queue, priority)
+        run, probe = self._new_queued(agent, body, idempotency_key, actor, placed)
         stored: Run | None = None
         try:
             stored = self.store.create(run, request=body)
@@ -237,7 +242,7 @@ class Runtime:
         checked = self._checked_items(items, actor)
         first: dict[str, int] = {}  # idempotency key -> the first item that has it
         unique: list[int] = []
-        for index, (_, _, key, _) in enumerate(checked):
+        for index, (_, _, key, _, _) in enumerate(checked):
             if key is None or key not in first:
                 unique.append(index)
                 if key is not None:
@@ -266,7 +271,7 @@ class Runtime:
             if progress is not None:
                 progress(done, len(unique))
         result: list[UUID] = []
-        for index, (_, _, key, _) in enumerate(checked):
+        for index, (_, _, key, _, _) in enumerate(checked):
             found = ids[index] if key is None else ids[first[key]]
             assert found is not None, "every item's run was written or found"
             result.append(found)
@@ -274,7 +279,7 @@ class Runtime:
 
     def _checked_items(
         self, items: Iterable[Mapping[str, Any]], actor: str
-    ) -> list[tuple[str, bytes, str | None, str]]:
+    ) -> list[tuple[str, bytes, str | None, str, tuple[str, int]]]:
         checked = []
         for index, item in enumerate(items):
             try:
@@ -305,7 +310,7 @@ class Runtime:
 
     def _checked_item(
         self, item: Mapping[str, Any], actor: str
-    ) -> tuple[str, bytes, str | None, str]:
+    ) -> tuple[str, bytes, str | None, str, tuple[str, int]]:
         if not isinstance(item, Mapping):
             raise InvalidRequest("an item must be an object with an agent and a request")
         unknown = sorted(str(k) for k in item if k not in ITEM_FIELDS)
@@ -322,10 +327,29 @@ class Runtime:
         who = item.get("actor", actor)
         if not isinstance(who, str):
             raise InvalidRequest("an actor must be a string")
-        return agent, self._checked(agent, item.get("request"), key, who), key, who
+        body = self._checked(agent, item.get("request"), key, who)
+        return (
+            agent,
+            body,
+            key,
+            who,
+            self._placement(agent, item.get("queue"), item.get("priority")),
+        )
+
+    def _placement(self, agent: str, queue: Any, priority: Any) -> tuple[str, int]:
+        """The new run's (queue, priority) (ADR 0077); InvalidRequest if the App refuses it."""
+        try:
+            return self.app.placement(agent, queue, priority)
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from None
 
     def _new_queued(
-        self, agent: str, body: bytes, key: str | None, actor: str
+        self,
+        agent: str,
+        body: bytes,
+        key: str | None,
+        actor: str,
+        placed: tuple[str, int] = ("default", 0),
     ) -> tuple[Run, CreationProbe]:
         """A new queued run for a checked request body, with its telemetry probe."""
         run_id = new_run_id()
@@ -337,6 +361,8 @@ class Runtime:
             actor=actor,
             idempotency_key=key,
             trace_parent=probe.trace_parent,
+            queue=placed[0],
+            priority=placed[1],
         )
         return run, probe
 
@@ -381,12 +407,16 @@ class Runtime:
         burst: bool = False,
         on_result: Callable[[SegmentResult], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Worker:
         """A worker over this runtime's store and agents (call `.run()`, `.stop()`).
 
         Runs of async agents share one event loop: `loop` if given (it must be running in
-        another thread), else one the worker starts for them."""
+        another thread), else one the worker starts for them. `queues`: claim only runs of
+        these (each one of the App's queues, else UnknownQueue); None: of every queue."""
         from steptrail.workers.worker import Worker
+
+        served = None if queues is None else self.app.check_queues(queues)
 
         return Worker(
             self.store,
@@ -399,11 +429,15 @@ class Runtime:
             on_result=on_result,
             loop=loop,
             telemetry=self.telemetry,
+            queues=served,
         )
 
-    def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
-        """Claim and execute runs until stopped (burst: until no run is ready)."""
-        return self.worker(concurrency=concurrency, burst=burst).run()
+    def work(
+        self, *, concurrency: int = 1, burst: bool = False, queues: Iterable[str] | None = None
+    ) -> WorkerReport:
+        """Claim and execute runs until stopped (burst: until no run is ready), of `queues`
+        only if given (see `worker`)."""
+        return self.worker(concurrency=concurrency, burst=burst, queues=queues).run()
 
     def reaper(self) -> Reaper:
         from steptrail.workers.holders import holder_name
@@ -439,6 +473,23 @@ class Runtime:
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def set_priority(self, run_id: UUID, priority: int, *, by: str = "operator") -> RunRow:
+        """Change the claim priority of a queued or waiting run (ADR 0077); nothing is
+        written when it has that priority already.
+
+        Raises:
+            InvalidRequest: the priority is not an integer in range; nothing written.
+            UnknownRun: no such run.
+            IllegalTransition: the run is running or settled.
+        """
+        from steptrail.workers.priorities import set_priority
+
+        try:
+            set_priority(self.store, run_id, priority, actor=by, log=self.log)
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from None
+        return self.get(run_id)
 
     def signal(
         self, run_id: UUID, name: str, payload: Any = None, *, by: str = "api"

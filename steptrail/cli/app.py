@@ -104,12 +104,19 @@ def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> I
     from steptrail.domain.limits import PayloadRejected
     from steptrail.infrastructure.factory import ReadOnlyStore
     from steptrail.runtime import InvalidRequest
-    from steptrail.workers.registry import UnknownAgent
+    from steptrail.workers.registry import UnknownAgent, UnknownQueue
 
     rt = _open(ctx, ensure_schema=True, one_shot=not serving, **overrides)
     try:
         yield rt
-    except (UnknownAgent, InvalidRequest, InvalidInput, InvalidActor, PayloadRejected) as error:
+    except (
+        UnknownAgent,
+        UnknownQueue,
+        InvalidRequest,
+        InvalidInput,
+        InvalidActor,
+        PayloadRejected,
+    ) as error:
         fail(str(error), 2)
     except (
         UnknownRun,
