@@ -89,8 +89,6 @@ def mailer_app(counters: Counters | None = None) -> steptrail.App:
         return {"output": result.final_output}
 
     return app
-
-
 # --8<-- [end:app]
 
 
