@@ -129,9 +129,12 @@ def test_upgrade__old_database_opens_migrated_and_works(upgraded: Runtime) -> No
     for row in rows:
         assert rt.store.load(row.run_id) is not None
         assert rt.history(row.run_id)[0].version == 1
+    # Migration 0032 put every run on the default queue at priority 0 (ADR 0077): a worker
+    # of that queue alone claims them all, and the rows equal their rebuild (verify above).
+    assert {(r.state.queue, r.state.priority) for r in rows} == {("default", 0)}
     (waiting,) = by_status[RunStatus.WAITING_FOR_APPROVAL]
     rt.approve(waiting.run_id, by="upgrade-test", resume="queue")
-    report = rt.work(burst=True)
+    report = rt.work(burst=True, queues=["default"])
     assert report.outcomes == {"completed": 3}
     assert rt.get(waiting.run_id).status is RunStatus.COMPLETED
     assert [r.status for r in rt.runs(status="queued", limit=10)] == []
