@@ -494,14 +494,31 @@ def runs(
             help="The next page: runs created before this one (the last run of the previous page).",
         ),
     ] = None,
+    queue: Annotated[
+        str | None, typer.Option("--queue", "-q", help="Only runs of this queue.")
+    ] = None,
+    min_priority: Annotated[
+        int | None,
+        typer.Option("--min-priority", help="Only runs of this priority or higher."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List runs, newest first. `--status waiting_for_approval` is the approvers' inbox:
-    what each run waits for (tools, digest) and since when. Each page costs what it
-    returns, however long the history (`--before` the last run shown for the next)."""
+    """List runs, newest first, with their queue and priority. `--status
+    waiting_for_approval` is the approvers' inbox: what each run waits for (tools, digest)
+    and since when. Each page costs what it returns, however long the history (`--before`
+    the last run shown for the next); `--queue` and `--min-priority` read the pages of the
+    other filters until theirs is full."""
     key = parse_run_id(before) if before is not None else None
     with runtime(ctx) as rt:
-        rows = rt.runs(status=status, agent=agent, reason=reason, limit=limit, before=key)
+        rows = rt.runs(
+            status=status,
+            agent=agent,
+            reason=reason,
+            limit=limit,
+            before=key,
+            queue=queue,
+            min_priority=min_priority,
+        )
         if as_json:
             emit_json([row_dict(r) for r in rows])
         else:

@@ -239,3 +239,15 @@ def test_set_priority__refused_for_a_held_or_settled_run_or_a_bad_value(rt: Runt
         with pytest.raises(InvalidRequest, match="invalid priority"):
             rt.set_priority(waiting, bad)  # type: ignore[arg-type]
     assert event_count(rt) == before
+
+
+def test_runs__narrowed_to_a_queue_and_a_lowest_priority_across_pages(rt: Runtime) -> None:
+    heavy = [rt.enqueue("heavy", {"n": n}) for n in range(3)]
+    rt.enqueue_many([{"agent": "light", "request": {"n": n}} for n in range(450)])
+    urgent = rt.enqueue("light", priority=9)
+    listed = rt.runs(queue="heavy", limit=10)
+    assert [r.run_id for r in listed] == heavy[::-1]  # newest first, behind 451 others
+    assert [r.run_id for r in rt.runs(min_priority=5, limit=10)] == [urgent, *heavy[::-1]]
+    assert [r.run_id for r in rt.runs(min_priority=6, status="queued", limit=10)] == [urgent]
+    assert [r.run_id for r in rt.runs(queue="heavy", limit=2)] == heavy[:0:-1]
+    assert rt.runs(queue="bulk", limit=10) == []

@@ -22,8 +22,8 @@ import pytest
 
 from steptrail.domain.enums import RetryMode, RunStatus
 from steptrail.domain.errors import IllegalTransition
-from steptrail.events import Completed
 from steptrail.domain.retry_plan import RetryPlan
+from steptrail.events import Completed
 from steptrail.runtime import Runtime
 from tests.conftest import PG_ADMIN_URL, make_runtime
 from tests.fixtures.upgrade.populate import app

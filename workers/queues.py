@@ -1,10 +1,14 @@
-"""An operator changes a waiting run's priority (ADR 0077): a fenced append of
-`PriorityChanged`, retried on the newer state when the run moved meanwhile (a wake-up, a
-claim that took it: then the run is running and the change is refused)."""
+"""Queues and priorities on the operator's side (ADR 0077).
+
+An operator changes a waiting run's priority with a fenced append of `PriorityChanged`,
+retried on the newer state when the run moved meanwhile (a wake-up, a claim that took it:
+then the run is running and the change is refused); a listing of runs is narrowed to a
+queue or a lowest priority."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from steptrail.domain.actors import check_actor
@@ -12,8 +16,13 @@ from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConfli
 from steptrail.domain.ports import RunStore
 from steptrail.domain.queues import change_priority, check_priority
 
+if TYPE_CHECKING:
+    from steptrail.projections.run_index import RunRow
+
 # Appends tried before giving up on a run that keeps changing (as `cancel` does).
 ATTEMPTS = 5
+# Rows read per store page while a listing is narrowed to a queue or a priority.
+LIST_PAGE = 200
 
 
 def set_priority(
@@ -50,3 +59,32 @@ def set_priority(
             )
         return True
     raise IllegalTransition(f"run {run_id} kept changing; the priority did not land")
+
+
+def list_placed(
+    store: Any,
+    *,
+    queue: str | None,
+    min_priority: int | None,
+    limit: int,
+    before: tuple[datetime, UUID] | None,
+    **filters: str | None,
+) -> list[RunRow]:
+    """`store.list_rows(**filters)` (either backend's store) narrowed to one queue and a
+    lowest priority, newest first: the store's pages (each costs what it returns, ADR 0042)
+    are read one after another until `limit` rows pass, so a rare queue costs the runs of
+    the other filters walked to find its page."""
+    found: list[RunRow] = []
+    page = max(limit, LIST_PAGE)
+    while len(found) < limit:
+        rows: list[RunRow] = store.list_rows(limit=page, before=before, **filters)
+        found += [
+            r
+            for r in rows
+            if (queue is None or r.state.queue == queue)
+            and (min_priority is None or r.state.priority >= min_priority)
+        ]
+        if len(rows) < page:
+            break
+        before = (rows[-1].created_at, rows[-1].run_id)
+    return found[:limit]
