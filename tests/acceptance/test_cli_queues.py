@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,31 @@ def test_priority__out_of_range_refused_and_nothing_written(db_url: str) -> None
     assert "invalid priority 1000" in result.stderr
     assert event_total(db_url) == before
     assert run_of(db_url, run_id)["priority"] == 0
+
+
+def test_enqueue_from__lines_name_queue_and_priority_and_runs_filters(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    lines = tmp_path / "runs.jsonl"
+    lines.write_text(
+        '{"agent": "scripted", "queue": "bulk", "priority": 4}\n'
+        '{"agent": "heavy_job"}\n'
+        '{"agent": "scripted"}\n'
+    )
+    made = steptrail("enqueue", "--from", str(lines), "--json", url=sqlite_url)
+    assert made.returncode == 0, made.stderr
+    listed = steptrail("runs", "--queue", "bulk", "--json", url=sqlite_url)
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["queue"], r["priority"]) for r in json.loads(listed.stdout)] == [("bulk", 4)]
+    ranked = steptrail("runs", "--min-priority", "4", "--json", url=sqlite_url)
+    assert sorted(r["priority"] for r in json.loads(ranked.stdout)) == [4, 5]
+    table = steptrail("runs", url=sqlite_url).stdout
+    assert "queue" in table
+    assert "heavy" in table
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"agent": "scripted"}\n{"agent": "scripted", "queue": "nope"}\n')
+    refused = steptrail("enqueue", "--from", str(bad), url=sqlite_url)
+    assert refused.returncode == 2
+    assert "line 2" in refused.stderr
+    assert "unknown queue 'nope'" in refused.stderr
+    assert len(json.loads(steptrail("runs", "--json", url=sqlite_url).stdout)) == 3
