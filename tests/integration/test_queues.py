@@ -251,3 +251,23 @@ def test_runs__narrowed_to_a_queue_and_a_lowest_priority_across_pages(rt: Runtim
     assert [r.run_id for r in rt.runs(min_priority=6, status="queued", limit=10)] == [urgent]
     assert [r.run_id for r in rt.runs(queue="heavy", limit=2)] == heavy[:0:-1]
     assert rt.runs(queue="bulk", limit=10) == []
+
+
+def test_verify_and_rebuild__the_columns_are_the_log_s(rt: Runtime) -> None:
+    """A queue or priority changed by hand is drift `verify` reports, and the rebuild of
+    the index gives back what the log says (Queued, then PriorityChanged)."""
+    from tests.integration.test_maintenance_ranges import _sql
+
+    moved = rt.enqueue("heavy")
+    bumped = rt.enqueue("light", queue="bulk")
+    rt.set_priority(bumped, -4)
+    _sql(rt.store, "UPDATE steptrail_runs SET queue = 'default' WHERE run_id = {id}", moved)
+    _sql(rt.store, "UPDATE steptrail_runs SET priority = 0 WHERE run_id = {id}", bumped)
+    problems = rt.verify_index()
+    assert len(problems) == 2
+    assert all("!=" in p for p in problems)
+    rt.store.rebuild_index()
+    assert rt.verify_index() == []
+    assert placed(rt, moved) == ("heavy", 5)
+    assert placed(rt, bumped) == ("bulk", -4)
+    assert [c.run.id for c in claim(rt, queues=["heavy"])] == [moved]
