@@ -82,6 +82,8 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if queues is not None and not queues:
+            raise ValueError("a worker serves at least one queue (None: every queue)")
         self.store = store
         self.app = app
         self.config = config

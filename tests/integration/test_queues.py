@@ -42,6 +42,11 @@ def queued_app() -> App:
     def blips(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
         raise ClassifiedError(FailureClass.CONNECTION, "connection reset")
 
+    @app.agent("naps", queue="bulk")
+    def naps(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.sleep(0.05)
+        return {"got": ctx.wait_event("go")}
+
     app.queue("bulk")
     return app
 
@@ -168,6 +173,8 @@ def test_work__an_unknown_queue_is_refused_naming_the_known_ones(rt: Runtime) ->
         rt.worker(queues=["heavy", "nope"])
     with pytest.raises(ValueError, match="invalid queue name"):
         rt.worker(queues=["Bad!"])
+    with pytest.raises(ValueError, match="at least one queue"):
+        rt.worker(queues=[])
 
 
 def test_reclaimed_requeued_and_retried_runs_keep_queue_and_priority(rt: Runtime) -> None:
@@ -271,3 +278,24 @@ def test_verify_and_rebuild__the_columns_are_the_log_s(rt: Runtime) -> None:
     assert placed(rt, moved) == ("heavy", 5)
     assert placed(rt, bumped) == ("bulk", -4)
     assert [c.run.id for c in claim(rt, queues=["heavy"])] == [moved]
+
+
+def test_woken_runs_keep_queue_and_priority(rt: Runtime) -> None:
+    """A run woken by its timer (the claim at its deadline) and by a signal (Woken) is
+    claimed from its own queue at its own priority, changed while it slept."""
+    run_id = rt.enqueue("naps", priority=3)
+    assert rt.work(burst=True, queues=["bulk"]).claimed == 1
+    assert rt.get(run_id).status is RunStatus.WAITING_FOR_TIMER
+    rt.set_priority(run_id, 6, by="ops")  # a waiting run's priority may change
+    time.sleep(0.1)
+    assert claim(rt, queues=["default", "heavy"]) == []
+    (woke,) = claim(rt, queues=["bulk"])
+    assert (woke.run.id, woke.run.state.queue, woke.run.state.priority) == (run_id, "bulk", 6)
+    rt.executor().execute(woke.run, {}, resumable=None)
+    assert rt.get(run_id).status is RunStatus.WAITING_FOR_EVENT
+    rt.signal(run_id, "go", {"ok": True})
+    assert rt.get(run_id).status is RunStatus.QUEUED
+    assert placed(rt, run_id) == ("bulk", 6)
+    assert claim(rt, queues=["default"]) == []
+    assert [c.run.id for c in claim(rt, queues=["bulk"])] == [run_id]
+    assert rt.verify_index() == []
