@@ -9,7 +9,8 @@ import typer
 from steptrail.cli.app import cli, emit_json, out, parse_run_id, runtime
 
 
-@cli.command()
+# A negative priority is an argument, not an unknown option: `priority RUN -5`.
+@cli.command(context_settings={"ignore_unknown_options": True})
 def priority(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run's id.")],

@@ -41,8 +41,8 @@ def test_work_queue__serves_only_its_queues_and_priority_changes_the_order(db_ur
     bulk = enqueue(db_url, "scripted", "--queue", "bulk", "--priority", "-3")
     assert (run_of(db_url, heavy)["queue"], run_of(db_url, heavy)["priority"]) == ("heavy", 5)
     assert (run_of(db_url, bulk)["queue"], run_of(db_url, bulk)["priority"]) == ("bulk", -3)
-    # A negative priority is an argument after `--`.
-    changed = steptrail("priority", bulk, "--json", "--by", "ops", "--", "-7", url=db_url)
+    # A negative priority is an argument, not an option.
+    changed = steptrail("priority", bulk, "-7", "--json", "--by", "ops", url=db_url)
     assert changed.returncode == 0, changed.stderr
     assert json.loads(changed.stdout) == {
         "run_id": bulk,
