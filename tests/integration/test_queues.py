@@ -299,3 +299,45 @@ def test_woken_runs_keep_queue_and_priority(rt: Runtime) -> None:
     assert claim(rt, queues=["default"]) == []
     assert [c.run.id for c in claim(rt, queues=["bulk"])] == [run_id]
     assert rt.verify_index() == []
+
+
+def _moved_after_read(rt: Runtime, monkeypatch: pytest.MonkeyPatch, move: Any) -> None:
+    """The first `load` of the run returns what it read, then `move` changes the run (a
+    writer slipping in between the operator's read and append)."""
+    real = rt.store.load
+    moved: list[bool] = []
+
+    def load(run_id: UUID) -> Any:
+        run = real(run_id)
+        if not moved:
+            moved.append(True)
+            move()
+        return run
+
+    monkeypatch.setattr(rt.store, "load", load)
+
+
+def test_set_priority__a_claim_in_between_wins_and_nothing_is_written(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = rt.enqueue("light")
+    _moved_after_read(rt, monkeypatch, lambda: claim(rt))
+    with pytest.raises(IllegalTransition, match="running"):
+        rt.set_priority(run_id, 5)
+    assert not [h for h in rt.history(run_id) if isinstance(h.event, PriorityChanged)]
+    assert rt.get(run_id).state.priority == 0
+
+
+def test_set_priority__a_wake_up_in_between_is_retried_on_the_queued_run(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = rt.enqueue("naps")
+    rt.work(burst=True)
+    time.sleep(0.1)
+    rt.work(burst=True)
+    assert rt.get(run_id).status is RunStatus.WAITING_FOR_EVENT
+    _moved_after_read(rt, monkeypatch, lambda: rt.signal(run_id, "go", {"n": 1}))
+    row = rt.set_priority(run_id, 7, by="ops")  # fenced off once, then lands on the queued run
+    assert (row.status, row.state.priority) == (RunStatus.QUEUED, 7)
+    trail = [type(h.event).__name__ for h in rt.history(run_id)]
+    assert trail[-2:] == ["Woken", "PriorityChanged"]
