@@ -63,3 +63,18 @@ class InvalidActor(DomainError):
 
 class CorruptResumableState(DomainError):
     """The saved resumable state is unreadable or does not match what the run waits on."""
+
+
+class InvalidRunId(DomainError, ValueError):
+    """What was given for a run is not an id nor a part of one (ADR 0074); nothing changed."""
+
+
+class AmbiguousRunId(InvalidRunId):
+    """A part of an id matches several runs; the message lists some of them (ADR 0074)."""
+
+    def __init__(self, reference: str, candidates: list[str]) -> None:
+        listed = ", ".join(candidates)
+        super().__init__(
+            f"{reference!r} matches more than one run ({listed}); give more of its digits"
+        )
+        self.candidates = candidates

@@ -43,3 +43,53 @@ def short_id(run_id: UUID) -> str:
     """The eight hex digits a table shows of a run id: its last ones, random in every id
     (version 7 ids share their first digits with every run made in the same minute)."""
     return run_id.hex[-8:]
+
+
+SHORTEST_REFERENCE = 8  # hex digits: what a table shows of an id (`short_id`)
+CANDIDATES_SHOWN = 5  # an ambiguous reference lists at most this many runs
+
+
+def run_reference(text: str) -> UUID | str:
+    """What an operator typed for a run: the UUID it spells in full, or the lowercase hex
+    digits of a part of one (a prefix, or the suffix a table shows) to look up.
+
+    Dashes and surrounding white space are ignored, so `090fedc9`, `090F-EDC9` and a full
+    id pasted with its dashes all work.
+
+    Raises:
+        InvalidRunId: not hex, or fewer than SHORTEST_REFERENCE digits, or longer than an id.
+    """
+    from steptrail.domain.errors import InvalidRunId
+
+    digits = text.strip().replace("-", "").lower()
+    shown = text.strip()[:80]
+    if not digits or any(c not in "0123456789abcdef" for c in digits) or len(digits) > 32:
+        raise InvalidRunId(
+            f"{shown!r} is not a run id: give the full id or at least {SHORTEST_REFERENCE} "
+            "of its hex digits (the start, or the end a table shows)"
+        )
+    if len(digits) == 32:
+        return UUID(hex=digits)
+    if len(digits) < SHORTEST_REFERENCE:
+        raise InvalidRunId(
+            f"{shown!r} is too short for a run id: give at least {SHORTEST_REFERENCE} of its "
+            "hex digits (the start, or the end a table shows)"
+        )
+    return digits
+
+
+def prefix_bounds(digits: str) -> tuple[UUID, UUID]:
+    """The lowest and highest ids that start with `digits` (a key range to walk)."""
+    return UUID(hex=digits.ljust(32, "0")), UUID(hex=digits.ljust(32, "f"))
+
+
+_CANONICAL = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX_AT = [i for i, c in enumerate(_CANONICAL) if c == "x"]
+
+
+def dashed_suffix(digits: str) -> str:
+    """How the last `len(digits)` hex digits of an id read in its canonical text form (with
+    the dashes where they fall), so a store can match the text it already has."""
+    start = _HEX_AT[32 - len(digits)]
+    chars = iter(digits)
+    return "".join(next(chars) if c == "x" else c for c in _CANONICAL[start:])

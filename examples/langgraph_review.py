@@ -92,6 +92,8 @@ def review_app(counters: Counters | None = None) -> steptrail.App:
     app.tool("publish", effect="non_idempotent_write")  # the node runs as this tool
     app.graph("review", review_graph(counters or Counters()))
     return app
+
+
 # --8<-- [end:app]
 
 

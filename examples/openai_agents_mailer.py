@@ -89,6 +89,8 @@ def mailer_app(counters: Counters | None = None) -> steptrail.App:
         return {"output": result.final_output}
 
     return app
+
+
 # --8<-- [end:app]
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from steptrail.domain.errors import StoreUnavailable
+from steptrail.infrastructure.logging import steptrail_logger
+from steptrail.infrastructure.sqlfiles import migrations
 from steptrail.infrastructure.store_base import ReadOnlyStore
 
 if TYPE_CHECKING:  # each store is imported when a URL of its backend is opened: psycopg
@@ -16,7 +19,13 @@ if TYPE_CHECKING:  # each store is imported when a URL of its backend is opened:
 
 
 class SchemaMissing(RuntimeError):
-    """The database has no steptrail schema (or an old one) and auto-migration is off."""
+    """The database has no steptrail schema (or an old one) and this open may not migrate
+    it: auto-migration is off, or the caller only reads (ADR 0074)."""
+
+
+def shown_url(url: str) -> str:
+    """`url` as messages and log lines may show it: without its password."""
+    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 def open_store(
@@ -54,6 +63,11 @@ def open_store(
 
         path = target_from_url(url).path
         created = path if path is not None and not path.exists() else None
+        if created is not None and ensure_schema and not migrate:
+            # Nothing may create the schema here, so nothing creates the file either.
+            raise SchemaMissing(
+                f"no steptrail schema at {shown_url(url)} (no such file); run `steptrail migrate`"
+            )
         try:
             store = SQLiteRunStore(url, pool_size=pool_size)
         except BaseException:
@@ -65,7 +79,7 @@ def open_store(
         )
     try:
         if ensure_schema:
-            _ensure_schema(store, migrate=migrate)
+            _ensure_schema(store, url, migrate=migrate)
     except BaseException:
         store.close()
         _remove(created)
@@ -82,7 +96,7 @@ def _remove(created: Path | None) -> None:
             Path(f"{created}{suffix}").unlink()
 
 
-def _ensure_schema(store: PostgresRunStore | SQLiteRunStore, *, migrate: bool) -> None:
+def _ensure_schema(store: PostgresRunStore | SQLiteRunStore, url: str, *, migrate: bool) -> None:
     # Checking is one cheap read; only when something is missing do we take the migration
     # lock (an advisory lock on PostgreSQL, the write lock on SQLite), and the migrator
     # re-checks under it, so a fleet of workers starting together migrates exactly once.
@@ -90,10 +104,21 @@ def _ensure_schema(store: PostgresRunStore | SQLiteRunStore, *, migrate: bool) -
     if not pending:
         return
     if not migrate:
+        if len(pending) >= len(migrations(store.backend)):
+            raise SchemaMissing(f"no steptrail schema at {shown_url(url)}; run `steptrail migrate`")
         raise SchemaMissing(
-            f"the database schema is missing {len(pending)} migration(s); run `steptrail migrate`"
+            f"the steptrail schema at {shown_url(url)} is {len(pending)} migration(s) behind "
+            "this steptrail; run `steptrail migrate`"
         )
-    store.migrate()
+    applied = store.migrate()
+    if applied:  # one line, naming the database: a schema never appears unannounced
+        steptrail_logger().info(
+            "schema_migrated",
+            database=shown_url(url),
+            applied=len(applied),
+            first=applied[0],
+            last=applied[-1],
+        )
 
 
 __all__ = ["ReadOnlyStore", "SchemaMissing", "StoreUnavailable", "open_store"]

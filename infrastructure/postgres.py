@@ -41,6 +41,8 @@ from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.pg_signals import PostgresSignals
 from steptrail.infrastructure.reporting_store import PROJECTION
+from steptrail.infrastructure.run_ids import PostgresRunIds
+from steptrail.infrastructure.schedules_store import PostgresSchedules
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
@@ -244,7 +246,7 @@ class OneConnection:
                 self._taken.release()
 
 
-class PostgresRunStore(PostgresSignals, ClaimsOne):
+class PostgresRunStore(PostgresRunIds, PostgresSchedules, PostgresSignals, ClaimsOne):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
 
     backend = "postgres"

@@ -20,6 +20,7 @@ from steptrail.domain.ports import RecordedEvent
 from steptrail.infrastructure.settings import Settings
 from steptrail.projections.run_index import RunRow
 from steptrail.runtime import Runtime, open_runtime
+from steptrail.runtime_views import RunRef
 from steptrail.workers.decisions import PendingDecision, ResumeMode
 from steptrail.workers.execute import SegmentResult
 from steptrail.workers.reaper import ReapReport
@@ -86,10 +87,10 @@ class AsyncRuntime:
         run, body, sent = await self._call(self.sync.begin_interactive, agent, request)
         return await self.sync.executor().execute_async(run, body, lease_from=sent)
 
-    async def get(self, run_id: UUID) -> RunRow:
+    async def get(self, run_id: RunRef) -> RunRow:
         return await self._call(self.sync.get, run_id)
 
-    async def history(self, run_id: UUID) -> list[RecordedEvent]:
+    async def history(self, run_id: RunRef) -> list[RecordedEvent]:
         return await self._call(self.sync.history, run_id)
 
     async def runs(
@@ -105,7 +106,7 @@ class AsyncRuntime:
         )
 
     async def cancel(
-        self, run_id: UUID, *, by: str = "operator", note: str | None = None
+        self, run_id: RunRef, *, by: str = "operator", note: str | None = None
     ) -> RunRow:
         return await self._call(self.sync.cancel, run_id, by=by, note=note)
 
@@ -116,11 +117,11 @@ class AsyncRuntime:
     async def reap(self, limit: int = 50) -> ReapReport:
         return await self._call(self.sync.reap, limit)
 
-    async def pending(self, run_id: UUID) -> PendingDecision:
+    async def pending(self, run_id: RunRef) -> PendingDecision:
         return await self._call(self.sync.pending, run_id)
 
     async def approve(
-        self, run_id: UUID, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
+        self, run_id: RunRef, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
     ) -> SegmentResult:
         """Approve the pending calls and resume the run (`resume="here"`: on this loop)."""
         return await self._decide(
@@ -128,7 +129,7 @@ class AsyncRuntime:
         )
 
     async def deny(
-        self, run_id: UUID, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
+        self, run_id: RunRef, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
     ) -> SegmentResult:
         """Deny the pending calls; each gets the error result and the agent goes on."""
         return await self._decide(
@@ -136,14 +137,15 @@ class AsyncRuntime:
         )
 
     async def submit_input(
-        self, run_id: UUID, values: Mapping[str, Any], *, by: str, resume: ResumeMode = "auto"
+        self, run_id: RunRef, values: Mapping[str, Any], *, by: str, resume: ResumeMode = "auto"
     ) -> SegmentResult:
         """Submit input to a run waiting for it (validated before anything changes)."""
         return await self._decide(
             run_id, by=by, kind=WaitKind.INPUT, approved=True, values=values, resume=resume
         )
 
-    async def _decide(self, run_id: UUID, **decision: Any) -> SegmentResult:
+    async def _decide(self, run_id: RunRef, **decision: Any) -> SegmentResult:
+        run_id = await self._call(self.sync.resolve, run_id)
         handed = await self._call(self.sync.decisions().record, run_id, **decision)
         if isinstance(handed, SegmentResult):
             return handed

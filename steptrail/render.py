@@ -168,9 +168,17 @@ def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
     return table
 
 
-def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
+FULL_IDS_FROM = 120  # columns: narrower terminals get the short ids (ADR 0074)
+
+
+def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None = None) -> Table:
+    """The runs, one per line. The id is what people copy, so it is never wrapped or cut:
+    in a terminal narrower than FULL_IDS_FROM columns the table shows the last 8 digits,
+    which every command accepts as well (the other columns fold instead)."""
+    short = width is not None and width < FULL_IDS_FROM
     table = Table(title=title)
-    columns = ("run", "agent", "status", "queue", "prio", "reason", "steps", "requeues", "since")
+    table.add_column("run", no_wrap=True, min_width=8 if short else 36)
+    columns = ("agent", "status", "queue", "prio", "reason", "steps", "requeues", "since")
     for column in (*columns, "waits for"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -183,7 +191,7 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs") -> Table:
             waits = f"{s.waiting.kind.value}: {what} ({s.waiting.digest[:19]}…)"
         add_row(
             table,
-            str(s.run_id),
+            short_id(s.run_id) if short else str(s.run_id),
             s.agent,
             s.status.value,
             s.queue,

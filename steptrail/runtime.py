@@ -20,19 +20,18 @@ from pydantic import ValidationError
 
 from steptrail.domain.actors import check_actor
 from steptrail.domain.digest import canonical_json, digest
-from steptrail.domain.enums import RunStatus, TerminationReason, WaitKind
+from steptrail.domain.enums import TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, InvalidActor, UnknownRun, VersionConflict
 from steptrail.domain.ids import ENTROPY_BYTES, time_ordered_id
 from steptrail.domain.limits import ENQUEUE_BATCH, PayloadRejected, check_depth, check_size
 from steptrail.domain.retry_plan import RetryPlan
-from steptrail.domain.run import Run, fold
+from steptrail.domain.run import Run
 from steptrail.infrastructure.factory import open_store
-from steptrail.infrastructure.feed import read_feed
 from steptrail.infrastructure.logging import set_level, steptrail_logger
-from steptrail.infrastructure.projection_store import ProjectionStore, tracked_statuses
-from steptrail.infrastructure.reporting_store import ReportingStore
+from steptrail.infrastructure.projection_store import ProjectionStore
 from steptrail.infrastructure.settings import Settings
-from steptrail.projections.custom import ProjectionFailed
+from steptrail.runtime_schedules import RuntimeSchedules
+from steptrail.runtime_views import RunRef, RuntimeViews
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.store_threads import StoreThreads
 from steptrail.workers.telemetry import NO_TELEMETRY, Deferred, Telemetry, compose
@@ -47,21 +46,14 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from prometheus_client.registry import CollectorRegistry
 
-    from steptrail.domain.ports import RecordedEvent
-    from steptrail.domain.run import RunState
-    from steptrail.infrastructure.feed import FeedEntry
     from steptrail.infrastructure.postgres import PostgresRunStore
-    from steptrail.infrastructure.projection_store import TrackedStatus
     from steptrail.infrastructure.sqlite import SQLiteRunStore
-    from steptrail.projections.custom import Position
     from steptrail.projections.run_index import RunRow
     from steptrail.worker_metrics import WorkerMetrics
     from steptrail.workers.decisions import Decisions, PendingDecision, ResumeMode
     from steptrail.workers.execute import ExecutionConfig, Executor, SegmentResult
     from steptrail.workers.lease import LeaseKeeper
-    from steptrail.workers.projector import Projector
     from steptrail.workers.reaper import Reaper, ReapReport
-    from steptrail.workers.retention import PurgeReport, RetentionPolicy
     from steptrail.workers.retries import Retries, RetryReport
     from steptrail.workers.signals import SignalSent
     from steptrail.workers.telemetry import CreationProbe
@@ -97,7 +89,7 @@ class InvalidItem(InvalidRequest):
         self.reason = reason
 
 
-class Runtime:
+class Runtime(RuntimeViews, RuntimeSchedules):
     """A steptrail runtime bound to one database and one set of agents."""
 
     def __init__(
@@ -190,8 +182,29 @@ class Runtime:
                 queue or priority is not one the App accepts.
             StoreUnavailable: the write failed.
         """
+        return self.enqueue_once(
+            agent,
+            request,
+            idempotency_key=idempotency_key,
+            actor=actor,
+            queue=queue,
+            priority=priority,
+        )[0]
+
+    def enqueue_once(
+        self,
+        agent: str,
+        request: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        actor: str = "enqueue",
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> tuple[UUID, bool]:
+        """`enqueue`, also saying whether the run is new (False: the idempotency key's run
+        existed already and is returned)."""
         body = self._checked(agent, request, idempotency_key, actor)
-        placed = self._placement(agent, queue, priority)
+        placed = placement(self.app, agent, queue, priority)
         run, probe = self._new_queued(agent, body, idempotency_key, actor, placed)
         stored: Run | None = None
         try:
@@ -206,7 +219,7 @@ class Runtime:
             duplicate=stored is not run,
             **_trace_fields(stored),
         )
-        return stored.id
+        return stored.id, stored is run
 
     def enqueue_many(
         self,
@@ -300,13 +313,7 @@ class Runtime:
         self, agent: str, request: Mapping[str, Any] | None, key: str | None, actor: str
     ) -> bytes:
         """The request's stored body, once the agent, request, key and actor are checked."""
-        body = self._request_body(agent, request)
-        if key is not None and (not isinstance(key, str) or not key.strip()):
-            raise InvalidRequest("an idempotency key cannot be blank")
-        if key is not None and len(key) > MAX_KEY_LENGTH:
-            raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
-        check_actor(actor)
-        return body
+        return checked_enqueue(self.app, self.settings, agent, request, key=key, actor=actor)
 
     def _checked_item(
         self, item: Mapping[str, Any], actor: str
@@ -328,20 +335,8 @@ class Runtime:
         if not isinstance(who, str):
             raise InvalidRequest("an actor must be a string")
         body = self._checked(agent, item.get("request"), key, who)
-        return (
-            agent,
-            body,
-            key,
-            who,
-            self._placement(agent, item.get("queue"), item.get("priority")),
-        )
-
-    def _placement(self, agent: str, queue: Any, priority: Any) -> tuple[str, int]:
-        """The new run's (queue, priority) (ADR 0077); InvalidRequest if the App refuses it."""
-        try:
-            return self.app.placement(agent, queue, priority)
-        except ValueError as error:
-            raise InvalidRequest(str(error)) from None
+        placed = placement(self.app, agent, item.get("queue"), item.get("priority"))
+        return agent, body, key, who, placed
 
     def _new_queued(
         self,
@@ -451,7 +446,7 @@ class Runtime:
         """One reaper pass over at most `limit` stale runs."""
         return self.reaper().reap_once(limit)
 
-    def cancel(self, run_id: UUID, *, by: str = "operator", note: str | None = None) -> RunRow:
+    def cancel(self, run_id: RunRef, *, by: str = "operator", note: str | None = None) -> RunRow:
         """Cancel a queued, running or waiting run. A worker running it stops at its next
         step boundary with outcome `cancelled`.
 
@@ -461,6 +456,7 @@ class Runtime:
             InvalidActor: `by` is not an acceptable actor name.
         """
         check_actor(by)
+        run_id = self.resolve(run_id)
         for _ in range(CANCEL_ATTEMPTS):
             run = self.store.load(run_id)
             if run is None:
@@ -474,7 +470,7 @@ class Runtime:
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
 
-    def set_priority(self, run_id: UUID, priority: int, *, by: str = "operator") -> RunRow:
+    def set_priority(self, run_id: RunRef, priority: int, *, by: str = "operator") -> RunRow:
         """Change the claim priority of a queued or waiting run (ADR 0077); nothing is
         written when it has that priority already.
 
@@ -485,6 +481,7 @@ class Runtime:
         """
         from steptrail.workers.queues import set_priority
 
+        run_id = self.resolve(run_id)
         try:
             set_priority(self.store, run_id, priority, actor=by, log=self.log)
         except ValueError as error:
@@ -492,7 +489,7 @@ class Runtime:
         return self.get(run_id)
 
     def signal(
-        self, run_id: UUID, name: str, payload: Any = None, *, by: str = "api"
+        self, run_id: RunRef, name: str, payload: Any = None, *, by: str = "api"
     ) -> SignalSent:
         """Deliver the signal `name` with `payload` to a run (ADR 0073). A run waiting for it
         in `ctx.wait_event(name)` is queued at once; otherwise it is kept, in order, for the
@@ -507,6 +504,7 @@ class Runtime:
         """
         from steptrail.workers.signals import Signals
 
+        run_id = self.resolve(run_id)
         return Signals(
             self.store,
             max_payload_bytes=self.settings.max_payload_bytes,
@@ -521,7 +519,7 @@ class Runtime:
 
     def retry(
         self,
-        run_id: UUID,
+        run_id: RunRef,
         *,
         by: str,
         reset_budget: bool = False,
@@ -546,12 +544,13 @@ class Runtime:
             IllegalTransition: the run is not failed, or has no saved request.
             InvalidActor: `by` is not an acceptable actor name.
         """
+        run_id = self.resolve(run_id)
         self.retries().retry(
             run_id, by=by, reset_budget=reset_budget, force=force, from_position=from_position
         )
         return self.get(run_id)
 
-    def retry_plan(self, run_id: UUID, *, from_position: int | None = None) -> RetryPlan:
+    def retry_plan(self, run_id: RunRef, *, from_position: int | None = None) -> RetryPlan:
         """What `retry` would do now (nothing is written): the step it runs again from, and
         the recorded non-idempotent writes that repeats (which need `force`).
 
@@ -559,7 +558,7 @@ class Runtime:
             UnknownRun: no such run.
             InvalidRetryPosition: `from_position` is out of the journal's range.
         """
-        return self.retries().plan(run_id, from_position=from_position)[1]
+        return self.retries().plan(self.resolve(run_id), from_position=from_position)[1]
 
     def retry_many(
         self,
@@ -596,12 +595,12 @@ class Runtime:
             max_input_bytes=self.settings.max_payload_bytes,
         )
 
-    def pending(self, run_id: UUID) -> PendingDecision:
+    def pending(self, run_id: RunRef) -> PendingDecision:
         """What a waiting run waits for, with the digest a decision must quote."""
-        return self.decisions().pending(run_id)
+        return self.decisions().pending(self.resolve(run_id))
 
     def approve(
-        self, run_id: UUID, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
+        self, run_id: RunRef, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
     ) -> SegmentResult:
         """Approve the pending calls of a run waiting for approval, and resume it.
 
@@ -611,21 +610,31 @@ class Runtime:
         `digest`, if given, must match the pending calls (`steptrail show` prints it).
         """
         return self.decisions().decide(
-            run_id, by=by, kind=WaitKind.APPROVAL, approved=True, digest=digest, resume=resume
+            self.resolve(run_id),
+            by=by,
+            kind=WaitKind.APPROVAL,
+            approved=True,
+            digest=digest,
+            resume=resume,
         )
 
     def deny(
-        self, run_id: UUID, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
+        self, run_id: RunRef, *, by: str, digest: str | None = None, resume: ResumeMode = "auto"
     ) -> SegmentResult:
         """Deny the pending calls: each gets the error result "denied by the operator" and
         the agent continues (resumed as with `approve`)."""
         return self.decisions().decide(
-            run_id, by=by, kind=WaitKind.APPROVAL, approved=False, digest=digest, resume=resume
+            self.resolve(run_id),
+            by=by,
+            kind=WaitKind.APPROVAL,
+            approved=False,
+            digest=digest,
+            resume=resume,
         )
 
     def submit_input(
         self,
-        run_id: UUID,
+        run_id: RunRef,
         values: Mapping[str, Any],
         *,
         by: str,
@@ -635,286 +644,16 @@ class Runtime:
         declared schema before anything changes; only declared keys are kept; the event
         records who submitted and which keys, never the values."""
         return self.decisions().decide(
-            run_id, by=by, kind=WaitKind.INPUT, approved=True, values=values, resume=resume
+            self.resolve(run_id),
+            by=by,
+            kind=WaitKind.INPUT,
+            approved=True,
+            values=values,
+            resume=resume,
         )
-
-    def runs(
-        self,
-        *,
-        status: RunStatus | str | None = None,
-        agent: str | None = None,
-        reason: TerminationReason | str | None = None,
-        limit: int = 50,
-        before: UUID | None = None,
-        queue: str | None = None,
-        min_priority: int | None = None,
-    ) -> list[RunRow]:
-        """Runs from the index, newest first, filtered (the inbox is `status=
-        waiting_for_approval`); with `before`, the page after that run (the last row of
-        the previous page): keyset pages, each costing what it returns (ADR 0042). `queue`
-        and `min_priority` narrow the pages the other filters give (ADR 0077).
-
-        Raises:
-            UnknownRun: `before` names no run.
-        """
-        if limit < 1:
-            raise ValueError("limit must be a positive integer")
-        key = None
-        if before is not None:
-            row = self.get(before)
-            key = (row.created_at, before)
-        filters = {
-            "status": RunStatus(status).value if status else None,
-            "agent": agent,
-            "reason": TerminationReason(reason).value if reason else None,
-        }
-        if queue is None and min_priority is None:
-            return self.store.list_rows(limit=limit, before=key, **filters)
-        from steptrail.workers.queues import list_placed
-
-        return list_placed(
-            self.store, queue=queue, min_priority=min_priority, limit=limit, before=key, **filters
-        )
-
-    def get(self, run_id: UUID) -> RunRow:
-        """The run as the index holds it.
-
-        Raises:
-            UnknownRun: no such run (the message says so if retention purged it).
-        """
-        row = self.store.row(run_id)
-        if row is None:
-            raise self._unknown(run_id)
-        return row
-
-    def history(
-        self, run_id: UUID, *, first: int = 1, limit: int | None = None
-    ) -> list[RecordedEvent]:
-        """The run's events in order, with the store's time of recording: every one, or
-        from version `first`, at most `limit` of them (a page of a long trail, read by
-        primary key: it costs what it returns). Empty past the run's last version.
-
-        Raises:
-            UnknownRun: no such run.
-        """
-        if first < 1 or (limit is not None and limit < 1):
-            raise ValueError("first and limit must be positive integers")
-        events = self.store.history(run_id, first=first, limit=limit)
-        if not events and (first == 1 or self.store.row(run_id) is None):
-            raise self._unknown(run_id)
-        return events
-
-    def _unknown(self, run_id: UUID) -> UnknownRun:
-        tombstone = self.store.tombstone(run_id)
-        if tombstone is None:
-            return UnknownRun(f"no run {run_id}")
-        category, purged_at = tombstone
-        return UnknownRun(
-            f"no run {run_id}: it was purged at {purged_at:%Y-%m-%d %H:%M:%S} "
-            f"(retention category {category})"
-        )
-
-    # -- retention -------------------------------------------------------------------------------
-
-    def retention_policy(self) -> RetentionPolicy:
-        from steptrail.workers.retention import RetentionPolicy
-
-        s = self.settings
-        return RetentionPolicy(
-            days=s.retention_days,
-            agent_run_days=s.retention_agent_run_days,
-            approval_days=s.retention_approval_days,
-        )
-
-    def purge(
-        self,
-        days: int | None = None,
-        *,
-        batch: int = 100,
-        progress: Callable[[str, int, int], None] | None = None,
-    ) -> PurgeReport:
-        """Remove every run past its retention window from every table, leaving tombstones.
-
-        `days` (≥ 1) overrides every window. Works in batches of `batch` runs, each its own
-        short transaction, in which each projection's `forget` removes what it keeps of
-        them; an interrupted purge can simply be run again.
-        """
-        from steptrail.workers.retention import Purger
-
-        stores = self.projections()
-        for store in stores.values():  # `forget` may only touch tables that exist
-            store.ensure_tables()
-        purger = Purger(
-            self.store,
-            self.retention_policy(),
-            batch=batch,
-            log=self.log,
-            projections=[(s.name, s.projection.forget) for s in stores.values()],
-        )
-        return purger.purge(days, progress=progress)
-
-    # -- views, audit ----------------------------------------------------------------------------
-
-    @property
-    def views(self) -> ReportingStore:
-        """The reporting views (run summaries, status counts, dead letters)."""
-        return ReportingStore(self.store)
-
-    def project(self, *, batch: int = 1000) -> int:
-        """Bring the reporting views up to the log's head now; returns events folded."""
-        return self.views.catch_up(batch=batch)
-
-    def projector(self) -> Projector:
-        """The runner of the reporting views and of every projection the app registered."""
-        from steptrail.workers.projector import Projector
-
-        return Projector(self.views, log=self.log, projections=list(self.projections().values()))
-
-    # -- your projections, the feed ----------------------------------------------------------------
-
-    def projections(self) -> dict[str, ProjectionStore]:
-        """The tracked store of each projection the app registered, by name."""
-        for name, projection in self.app.projections.items():
-            if name not in self._projections:
-                self._projections[name] = ProjectionStore(self.store, projection)
-        return dict(self._projections)
-
-    def projection(self, name: str) -> ProjectionStore:
-        """One registered projection's store.
-
-        Raises:
-            ValueError: no projection of that name.
-        """
-        stores = self.projections()
-        if name not in stores:
-            known = ", ".join(sorted(stores)) or "none registered"
-            raise ValueError(f"unknown projection {name!r} ({known})")
-        return stores[name]
-
-    def project_all(self, *, batch: int = 1000) -> dict[str, int | ProjectionFailed]:
-        """Bring the reporting views and every projection up to the log's head now.
-
-        Returns the events each folded, or the failure of a projection that raised (the
-        others still ran). A store outage raises.
-        """
-        done: dict[str, int | ProjectionFailed] = {"reporting": self.project(batch=batch)}
-        for name, store in self.projections().items():
-            try:
-                done[name] = store.catch_up(batch=batch)
-            except ProjectionFailed as failed:
-                done[name] = failed
-        return done
-
-    def tracked(self) -> list[TrackedStatus]:
-        """Where each tracked projection stands — the reporting views and every projection
-        that has ever run on this database, registered in this process's app or not:
-        position, lag in events, and the failure that stopped it, if any."""
-        return tracked_statuses(self.store)
-
-    def events(self, *, after: Position = (0, 0), limit: int = 1000) -> list[FeedEntry]:
-        """The next `limit` entries of the log after `after`, in the views' order: events,
-        and markers of purged ones. Save the last entry's `position` to resume from."""
-        return read_feed(self.store, after=after, limit=limit)
-
-    def audit(self, run_id: UUID, at_version: int) -> tuple[RunState, list[RecordedEvent]]:
-        """The run's state as of `at_version`, and the events that led there.
-
-        Raises:
-            UnknownRun: no run has that id.
-            ValueError: the run has no such version.
-        """
-        upto = self.history(run_id, limit=at_version)
-        if len(upto) < at_version:
-            raise ValueError(f"run {run_id} has versions 1 to {len(upto)}, not {at_version}")
-        state = fold(e.event for e in upto)
-        assert state is not None
-        return state, upto
-
-    def rebuild(
-        self, view: str = "all", *, progress: Callable[[str, int, int], None] | None = None
-    ) -> dict[str, int]:
-        """Drop and rebuild views from the log: `run-index`, `reporting`, one of your
-        projections by name, or `all` (every one of them).
-
-        The run index is rebuilt in one transaction that pauses writers; the reporting
-        views and projections are emptied and refolded batch by batch. Raises ValueError
-        for another name, ProjectionFailed if a projection raises while refolding.
-        """
-        from steptrail.workers import maintenance
-
-        stores = self.projections()
-        if view in stores:
-            return {view: self._rebuild_projection(stores[view], progress)}
-        done = maintenance.rebuild(self.store, self.views, view, progress=progress)
-        if view == "all":
-            for store in stores.values():
-                done[store.name] = self._rebuild_projection(store, progress)
-        return done
-
-    @staticmethod
-    def _rebuild_projection(
-        store: ProjectionStore, progress: Callable[[str, int, int], None] | None
-    ) -> int:
-        return store.rebuild(
-            progress=(lambda n, total: progress(store.name, n, total)) if progress else None
-        )
-
-    def verify(self, view: str | None = None) -> list[str]:
-        """Rebuild views in a scratch copy from the log and list how the live ones differ:
-        every view (None), `run-index`, `reporting`, or one of your projections by name."""
-        stores = self.projections()
-        if view is None:
-            problems = self.verify_index() + self.verify_views()
-            for store in stores.values():
-                problems += store.verify()
-            return problems
-        if view == "run-index":
-            return self.verify_index()
-        if view == "reporting":
-            return self.verify_views()
-        return self.projection(view).verify()
-
-    def verify_index(self) -> list[str]:
-        """Differences between the live run index and one rebuilt from the log."""
-        from steptrail.workers import maintenance
-
-        return maintenance.verify_index(self.store)
-
-    def verify_views(self) -> list[str]:
-        """Differences between the live reporting views and a scratch fold of the log."""
-        from steptrail.workers import maintenance
-
-        return maintenance.verify_views(self.views)
 
     def _request_body(self, agent: str, request: Mapping[str, Any] | None) -> bytes:
-        spec = self.app.get(agent)
-        value: Any = {} if request is None else request
-        if not isinstance(value, Mapping):
-            raise InvalidRequest("a request must be a JSON object")
-        try:
-            check_depth(value, "the request")
-        except PayloadRejected as error:
-            raise InvalidRequest(str(error)) from error
-        if spec.request_model is not None:
-            try:
-                value = spec.request_model.model_validate(value).model_dump(
-                    mode="json", by_alias=True, exclude_unset=True
-                )
-            except ValidationError as error:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
-                    for e in error.errors()
-                )
-                raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
-        try:
-            body = canonical_json(dict(value))
-        except (TypeError, ValueError, RecursionError) as error:
-            raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
-        try:
-            check_size(len(body), self.settings.max_request_bytes, "the request")
-        except PayloadRejected as error:
-            raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
-        return body
+        return request_body(self.app, self.settings, agent, request)
 
     def executor(self) -> Executor:
         """The executor of segments this process runs itself (start, resume `here`)."""
@@ -937,6 +676,92 @@ class Runtime:
         )
 
 
+def combined_app(app: App | None) -> App:
+    """`app`'s agents with the built-in ones (`scripted`...), as a runtime serves them."""
+    from steptrail.examples import app as examples
+
+    combined = App()
+    combined.include(examples)
+    if app is not None:
+        combined.include(app)
+    return combined
+
+
+def checked_enqueue(
+    app: App,
+    settings: Settings,
+    agent: str,
+    request: Mapping[str, Any] | None,
+    *,
+    key: str | None,
+    actor: str,
+) -> bytes:
+    """The stored body of a request to enqueue, once the agent, request, idempotency key and
+    actor are checked: what `Runtime.enqueue` checks, needing no database (the command line
+    checks before it opens one, so bad input creates nothing, not even a schema).
+
+    Raises:
+        UnknownAgent: no agent of that name in `app`.
+        InvalidRequest: the request, or the key, is not acceptable.
+        InvalidActor: `actor` is not an acceptable actor name.
+    """
+    body = request_body(app, settings, agent, request)
+    if key is not None and (not isinstance(key, str) or not key.strip()):
+        raise InvalidRequest("an idempotency key cannot be blank")
+    if key is not None and len(key) > MAX_KEY_LENGTH:
+        raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
+    check_actor(actor)
+    return body
+
+
+def placement(app: App, agent: str, queue: Any, priority: Any) -> tuple[str, int]:
+    """A new run's (queue, priority): those given, else the agent's (ADR 0077).
+
+    Raises:
+        UnknownAgent: no agent of that name in `app`.
+        InvalidRequest: a malformed or unknown queue, a priority out of range.
+    """
+    try:
+        return app.placement(agent, queue, priority)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
+
+
+def request_body(
+    app: App, settings: Settings, agent: str, request: Mapping[str, Any] | None
+) -> bytes:
+    """The canonical JSON a request is stored as, once checked against the agent's model
+    and the size and depth limits."""
+    spec = app.get(agent)
+    value: Any = {} if request is None else request
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("a request must be a JSON object")
+    try:
+        check_depth(value, "the request")
+    except PayloadRejected as error:
+        raise InvalidRequest(str(error)) from error
+    if spec.request_model is not None:
+        try:
+            value = spec.request_model.model_validate(value).model_dump(
+                mode="json", by_alias=True, exclude_unset=True
+            )
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
+                for e in error.errors()
+            )
+            raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
+    try:
+        body = canonical_json(dict(value))
+    except (TypeError, ValueError, RecursionError) as error:
+        raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
+    try:
+        check_size(len(body), settings.max_request_bytes, "the request")
+    except PayloadRejected as error:
+        raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
+    return body
+
+
 def open_runtime(
     app: App | None = None,
     *,
@@ -947,6 +772,7 @@ def open_runtime(
     metrics_registry: CollectorRegistry | None = None,
     tracer_provider: TracerProvider | None = None,
     one_shot: bool = False,
+    may_migrate: bool = True,
     **overrides: Any,
 ) -> Runtime:
     """Open a runtime: read settings, connect, migrate the schema if needed.
@@ -968,15 +794,17 @@ def open_runtime(
         one_shot: the runtime serves one command and is closed after it (the CLI's reads,
             `enqueue`, `reap`...): on PostgreSQL it keeps one connection instead of opening
             a pool (another is opened only while that one is busy).
+        may_migrate: False for a caller that only reads (the CLI's `runs`, `show`...): a
+            missing or older schema raises SchemaMissing instead of being created or
+            upgraded, and a SQLite file that does not exist is not created (ADR 0074).
         overrides: individual settings, e.g. `lease_seconds=5`.
 
     Raises:
         ValueError: a bad database URL (InvalidSettings: a bad setting, naming it).
         StoreUnavailable: the database cannot be reached.
-        SchemaMissing: the schema is behind and auto-migrate is off.
+        SchemaMissing: the schema is missing or behind, and auto-migrate is off or
+            `may_migrate` is False.
     """
-    from steptrail.examples import app as examples
-
     if settings is None:
         settings = Settings(**overrides)
     elif overrides:
@@ -985,10 +813,7 @@ def open_runtime(
         # Only the level, and only when it was asked for: where records go is the host's
         # choice (its logging configuration), never ours (ADR 0021).
         set_level(settings.log_level)
-    combined = App()
-    combined.include(examples)
-    if app is not None:
-        combined.include(app)
+    combined = combined_app(app)
     metrics: WorkerMetrics | Deferred[WorkerMetrics]
     if metrics_registry is not None:  # registered now: a clash in it raises here
         from steptrail.worker_metrics import WorkerMetrics
@@ -999,7 +824,7 @@ def open_runtime(
     tracing = _tracing(settings, tracer_provider)
     store = open_store(
         url or settings.database_url,
-        migrate=settings.auto_migrate,
+        migrate=settings.auto_migrate and may_migrate,
         ensure_schema=ensure_schema,
         one_shot=one_shot,
     )

@@ -276,6 +276,7 @@ class AsyncRunContext:
         if isinstance(opened, Replayed):
             return opened.value
         core = self._core
+        fn = core.live_callable(opened, fn)
         deactivate = opened.probe.activate()  # in this task: spans the step makes nest
         try:
             outcome = fn()

@@ -715,7 +715,14 @@ class RunContext:
             self._segment.probe.step_replayed(call.kind, call.name, entry.seq, failed=entry.failed)
         return entry
 
+    def live_callable(self, step: LiveStep, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """What a live step runs: `fn` itself. The testing kit's context wraps it to inject
+        faults; both this context and the async one call it, so a fault reaches sync and
+        async agents alike (ADR 0074)."""
+        return fn
+
     def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
+        fn = self.live_callable(step, fn)
         deactivate = step.probe.activate()
         try:
             if step.limit is None:

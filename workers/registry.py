@@ -18,6 +18,7 @@ from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
 from steptrail.domain.queues import DEFAULT_PRIORITY, DEFAULT_QUEUE, check_priority, check_queue
 from steptrail.domain.run import RunEvent
+from steptrail.domain.schedules import DEFAULT_GRACE_S, Missed, Schedule
 from steptrail.domain.waits import check_signal_name
 from steptrail.projections.custom import EventContext, FunctionProjection, Projection, Sql
 
@@ -100,6 +101,7 @@ class App:
         self._tool_timeouts: dict[str, float] = {}
         self._signal_schemas: dict[str, type[BaseModel]] = {}
         self._queues: set[str] = {DEFAULT_QUEUE}
+        self._schedules: dict[str, Schedule] = {}
         self.classifier = Classifier()
 
     def agent(
@@ -235,6 +237,48 @@ class App:
             raise TypeError("a signal's schema is a pydantic model class")
         self._signal_schemas[name] = schema
 
+    def schedule(
+        self,
+        cron: str,
+        agent: str,
+        *,
+        request: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        missed: Missed | str = Missed.SKIP,
+        grace_seconds: float = DEFAULT_GRACE_S,
+    ) -> Schedule:
+        """Run `agent` with `request` at every tick of `cron` (ADR 0076): 5 fields (minute,
+        hour, day of month, month, day of week, in UTC) or 6 with leading seconds.
+
+        Every tick enqueues exactly one run, however many workers run the scheduler (its
+        idempotency key is the schedule's name and the tick). A tick at most
+        `grace_seconds` old when a scheduler sees it runs; older ones were missed (nothing
+        ran a scheduler): `missed="skip"` drops them, `"latest"` runs the newest of them
+        once. `name` (default `agent@cron`) identifies the schedule in the store and in
+        `steptrail schedules`; `steptrail work` stores the definitions when it starts.
+
+        Raises:
+            InvalidSchedule: a bad name, cron expression, policy or grace; nothing kept.
+            ValueError: another schedule already has that name.
+        """
+        schedule = Schedule(
+            name=name if name is not None else f"{agent}@{cron.strip().replace(' ', '_')}",
+            cron=cron.strip() if isinstance(cron, str) else cron,
+            agent=agent,
+            request=dict(request or {}),
+            missed=missed,  # type: ignore[arg-type]  # checked (and converted) by Schedule
+            grace_s=grace_seconds,
+        )
+        if schedule.name in self._schedules and self._schedules[schedule.name] != schedule:
+            raise ValueError(f"a schedule named {schedule.name!r} is already defined")
+        self._schedules[schedule.name] = schedule
+        return schedule
+
+    @property
+    def schedules(self) -> dict[str, Schedule]:
+        """The schedules this app defines, by name."""
+        return dict(self._schedules)
+
     @property
     def signal_schemas(self) -> dict[str, type[BaseModel]]:
         """The declared signal payloads, by name."""
@@ -343,6 +387,10 @@ class App:
             self.add_projection(name, projection)
         self._tool_timeouts.update(other._tool_timeouts)
         self._signal_schemas.update(other._signal_schemas)
+        for schedule in other._schedules.values():
+            if self._schedules.get(schedule.name, schedule) != schedule:
+                raise ValueError(f"a schedule named {schedule.name!r} is already defined")
+            self._schedules[schedule.name] = schedule
         for exc_type, failure_class in other.classifier._mappings.items():
             self.classifier.register(exc_type, failure_class)
 

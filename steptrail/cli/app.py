@@ -84,18 +84,24 @@ def load_app(ref: str) -> App:
 
 
 @contextmanager
-def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> Iterator[Runtime]:
+def runtime(
+    ctx: typer.Context, *, serving: bool = False, creates: bool = False, **overrides: Any
+) -> Iterator[Runtime]:
     """Open the runtime the global options describe, turning known failures into exits.
 
     A command that ends once its work is done opens a one-shot runtime (one PostgreSQL
     connection, ADR 0056); one that `serving` runs until stopped (workers, the console, a
-    metrics endpoint) gets the connection pool."""
+    metrics endpoint) gets the connection pool. Only a command that `creates` (work,
+    enqueue, reap, purge, project, demo, a console that may act) creates or upgrades the
+    schema when it is missing or behind; every other command says so and exits 3, with
+    nothing created, not even a SQLite file (ADR 0074)."""
     from steptrail.domain.errors import (
         CorruptResumableState,
         DigestMismatch,
         IllegalTransition,
         InvalidActor,
         InvalidInput,
+        InvalidRunId,
         StoreUnavailable,
         UnknownRun,
         UnreadableEvent,
@@ -106,16 +112,18 @@ def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> I
     from steptrail.runtime import InvalidRequest
     from steptrail.workers.registry import UnknownAgent, UnknownQueue
 
-    rt = _open(ctx, ensure_schema=True, one_shot=not serving, **overrides)
+    rt = _open(ctx, ensure_schema=True, one_shot=not serving, may_migrate=creates, **overrides)
     try:
         yield rt
+    except UnknownAgent as error:
+        fail(f"{error}{_agents_hint(ctx)}", 2)
     except (
-        UnknownAgent,
         UnknownQueue,
         InvalidRequest,
         InvalidInput,
         InvalidActor,
         PayloadRejected,
+        InvalidRunId,
     ) as error:
         fail(str(error), 2)
     except (
@@ -132,6 +140,41 @@ def runtime(ctx: typer.Context, *, serving: bool = False, **overrides: Any) -> I
         fail(f"the database is not available: {error}", 3)
     finally:
         rt.close()
+
+
+def _agents_hint(ctx: typer.Context) -> str:
+    """Where the agents an unknown-agent error lists came from, and how to load others."""
+    options: Options = ctx.obj
+    if options.app_ref is None:
+        return "; load your agents with --app MODULE:ATTR or STEPTRAIL_APP=MODULE:ATTR"
+    return f"; the agents are those of --app/STEPTRAIL_APP {options.app_ref} and the built-in ones"
+
+
+def check_enqueue(
+    ctx: typer.Context,
+    agent: str,
+    body: dict[str, Any],
+    key: str | None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+) -> None:
+    """Refuse a bad enqueue (unknown agent, request its model rejects, blank key, a queue or
+    priority the App refuses) before a database is opened: bad input creates nothing, not
+    even the schema (ADR 0074, 0077)."""
+    from steptrail.domain.errors import InvalidActor
+    from steptrail.runtime import InvalidRequest, checked_enqueue, combined_app, placement
+    from steptrail.workers.registry import UnknownAgent
+
+    options: Options = ctx.obj
+    app = combined_app(load_app(options.app_ref) if options.app_ref else None)
+    try:
+        checked_enqueue(app, settings_for(ctx), agent, body, key=key, actor="enqueue")
+        placement(app, agent, queue, priority)
+    except UnknownAgent as error:
+        fail(f"{error}{_agents_hint(ctx)}", 2)
+    except (InvalidRequest, InvalidActor) as error:
+        fail(str(error), 2)
 
 
 def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
@@ -151,7 +194,14 @@ def settings_for(ctx: typer.Context, **overrides: Any) -> Settings:
     return settings
 
 
-def _open(ctx: typer.Context, *, ensure_schema: bool, one_shot: bool, **overrides: Any) -> Runtime:
+def _open(
+    ctx: typer.Context,
+    *,
+    ensure_schema: bool,
+    one_shot: bool,
+    may_migrate: bool = True,
+    **overrides: Any,
+) -> Runtime:
     from steptrail.domain.errors import StoreUnavailable
     from steptrail.infrastructure.factory import SchemaMissing
     from steptrail.infrastructure.logging import configure_logging
@@ -162,10 +212,18 @@ def _open(ctx: typer.Context, *, ensure_schema: bool, one_shot: bool, **override
     configure_logging(settings.log_format, settings.log_level)
     try:
         app = load_app(options.app_ref) if options.app_ref else None
-        rt = open_runtime(app, settings=settings, ensure_schema=ensure_schema, one_shot=one_shot)
+        rt = open_runtime(
+            app,
+            settings=settings,
+            ensure_schema=ensure_schema,
+            one_shot=one_shot,
+            may_migrate=may_migrate,
+        )
     except ValueError as error:
         fail(str(error).splitlines()[0], 2)
-    except (StoreUnavailable, SchemaMissing) as error:
+    except SchemaMissing as error:
+        fail(str(error), 3)
+    except StoreUnavailable as error:
         fail(f"the database is not available: {error}", 3)
     _startup.resume()  # the start is over: collect garbage again (ADR 0051)
     return rt
@@ -255,11 +313,16 @@ def _read_source(value: str, option: str, max_bytes: int) -> str:
         fail(f"{option} from {value!r} is not UTF-8 text", 2)
 
 
-def parse_run_id(value: str) -> UUID:
+def parse_run_id(value: str) -> UUID | str:
+    """A run id, or the hex digits of a part of one (`Runtime.resolve` finds its run);
+    anything else is refused here, before a database is opened (ADR 0074)."""
+    from steptrail.domain.errors import InvalidRunId
+    from steptrail.domain.ids import run_reference
+
     try:
-        return UUID(value)
-    except ValueError:
-        fail(f"{value[:80]!r} is not a run id (a UUID)", 2)
+        return run_reference(value)
+    except InvalidRunId as error:
+        fail(str(error), 2)
 
 
 def emit_json(data: Any) -> None:
@@ -330,9 +393,20 @@ def run_cli() -> None:
             sys.exit(exit_code)
         format_message = getattr(error, "format_message", None)
         message = format_message() if callable(format_message) else str(error)
+        message += _usage_hint(message, sys.argv[1:])
         err.print(f"[bold red]error:[/] {inert(message)}", highlight=False, soft_wrap=True)
         sys.exit(exit_code)
     except typer.Abort:
         err.print("aborted")
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_hint(message: str, argv: list[str]) -> str:
+    """A pointer for the usage errors people make most (ADR 0074)."""
+    if "unexpected extra argument" in message and "enqueue" in argv:
+        return (
+            '; the request is an option: steptrail enqueue AGENT -r \'{"key": "value"}\''
+            " (or -r @request.json)"
+        )
+    return ""

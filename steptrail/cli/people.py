@@ -48,7 +48,9 @@ def _decided(result: Any, as_json: bool) -> None:
 @cli.command()
 def approve(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The waiting run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     by: Annotated[str, typer.Option("--by", help="Who approves (recorded).")],
     digest: Annotated[
         str | None,
@@ -65,13 +67,16 @@ def approve(
     rid = parse_run_id(run_id)
     mode = _resume_mode(resume)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         _decided(rt.approve(rid, by=by, digest=digest, resume=mode), as_json)
 
 
 @cli.command()
 def deny(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The waiting run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     by: Annotated[str, typer.Option("--by", help="Who denies (recorded).")],
     digest: Annotated[
         str | None, typer.Option("--digest", help="The digest of the pending calls.")
@@ -84,13 +89,16 @@ def deny(
     rid = parse_run_id(run_id)
     mode = _resume_mode(resume)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         _decided(rt.deny(rid, by=by, digest=digest, resume=mode), as_json)
 
 
 @cli.command("input")
 def submit_input(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The waiting run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The waiting run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     by: Annotated[str, typer.Option("--by", help="Who submits (recorded; values are not).")],
     values: Annotated[
         str,
@@ -106,4 +114,5 @@ def submit_input(
     mode = _resume_mode(resume)
     body = json_object(values, "--values", max_bytes=settings_for(ctx).max_payload_bytes)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         _decided(rt.submit_input(rid, body, by=by, resume=mode), as_json)

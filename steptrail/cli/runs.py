@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from steptrail.cli.app import (
+    check_enqueue,
     cli,
     emit_json,
     err,
@@ -130,7 +131,8 @@ def enqueue(
         fail("name the agent to run (or give --from FILE)", 2)
     max_bytes = settings_for(ctx).max_request_bytes
     body = json_object("{}" if request is None else request, "--request", max_bytes=max_bytes)
-    with runtime(ctx) as rt:
+    check_enqueue(ctx, agent, body, key, queue=queue, priority=priority)
+    with runtime(ctx, creates=True) as rt:
         run_id = rt.enqueue(agent, body, idempotency_key=key, queue=queue, priority=priority)
         if as_json:
             emit_json({"run_id": str(run_id)})
@@ -148,7 +150,7 @@ def _enqueue_from(
     from steptrail.workers.registry import UnknownAgent
 
     max_line = 2 * settings_for(ctx).max_request_bytes + 4096
-    with _lines_source(source) as handle, runtime(ctx) as rt:
+    with _lines_source(source) as handle, runtime(ctx, creates=True) as rt:
         total = 0
         for number, item in _jsonl_items(handle, source, max_line, agent):
             try:
@@ -286,6 +288,14 @@ def work(
             "--views/--no-views", help="Also keep the reporting views up to date meanwhile."
         ),
     ] = True,
+    schedules: Annotated[
+        bool,
+        typer.Option(
+            "--schedules/--no-schedules",
+            help="Also run the scheduler: store the app's schedules and fire their due ticks "
+            "(one run per tick however many workers do; ADR 0076).",
+        ),
+    ] = True,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -315,7 +325,7 @@ def work(
     """Claim and execute queued runs until interrupted, the highest priority first. The first
     Ctrl-C / SIGTERM stops claiming and lets runs in flight finish; a second one exits at
     once (the reaper then reclaims those runs when their leases expire)."""
-    with runtime(ctx, serving=True) as rt:
+    with runtime(ctx, serving=True, creates=True) as rt:
         worker = rt.worker(concurrency=concurrency, burst=burst, queues=queues or None)
         server = _serve_worker_metrics(rt, metrics_port, metrics_addr)
         # The worker's metrics and tracer are made on their first use, which imports
@@ -334,12 +344,23 @@ def work(
         )
         if views:
             projector.start()
+        scheduler = threading.Thread(
+            target=rt.scheduler().run_forever,
+            args=(min(rt.settings.poll_interval, 1.0), stop_views),
+            name="steptrail-schedules",
+            daemon=True,
+        )
+        scheduling = schedules and bool(rt.app.schedules)
+        if scheduling:
+            scheduler.start()
         try:
             report = worker.run()
         finally:
             stop_views.set()
             if views:
                 projector.join(timeout=10)
+            if scheduling:
+                scheduler.join(timeout=10)
             if server is not None:
                 server.close()
         if views and burst:
@@ -429,7 +450,9 @@ def trail_page(first: int | None, limit: int | None, every: bool, last: int) -> 
 @cli.command()
 def show(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     first: FromOption = None,
     limit: TrailLimitOption = None,
     every: AllOption = False,
@@ -446,6 +469,7 @@ def show(
     saying how to see the others (`--from N --limit K`, `--all`)."""
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         row = rt.get(rid)
         last = row.state.version
         page = trail_page(
@@ -522,18 +546,21 @@ def runs(
         if as_json:
             emit_json([row_dict(r) for r in rows])
         else:
-            out.print(runs_table(rows))
+            out.print(runs_table(rows, width=out.width if out.is_terminal else None))
 
 
 @cli.command()
 def cancel(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     by: Annotated[str, typer.Option("--by", help="Who cancels (recorded).")] = "operator",
 ) -> None:
     """Cancel a queued, running or waiting run (a worker running it stops at its next step)."""
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         row = rt.cancel(rid, by=by)
         out.print(f"{rid} {row.status.value}")
 
@@ -558,7 +585,10 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 def retry(
     ctx: typer.Context,
     run_id: Annotated[
-        str | None, typer.Argument(help="The failed run's id (or use --agent/--reason/--since).")
+        str | None,
+        typer.Argument(
+            help="The failed run's id or 8+ hex digits of it (or use --agent/--reason/--since)."
+        ),
     ] = None,
     by: Annotated[str, typer.Option("--by", help="Who retries (recorded).")] = "",
     reset_budget: Annotated[
@@ -613,6 +643,7 @@ def retry(
     if run_id is not None:
         rid = parse_run_id(run_id)
         with runtime(ctx) as rt:
+            rid = rt.resolve(rid)
             row = rt.retry(
                 rid, by=by, reset_budget=reset_budget, force=force, from_position=from_position
             )
@@ -673,7 +704,7 @@ def reap(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Reclaim or dead-letter running runs whose lease expired (by the database's clock)."""
-    with runtime(ctx) as rt:
+    with runtime(ctx, creates=True) as rt:
         reaper = rt.reaper()
 
         def report(result: Any) -> None:
@@ -703,6 +734,7 @@ def demo(
     with runtime(
         ctx,
         serving=True,  # two workers and the reaper at once
+        creates=True,
         lease_seconds=1.0,
         retry_base_seconds=0.2,
         poll_interval=0.05,

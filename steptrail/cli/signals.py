@@ -13,7 +13,9 @@ from steptrail.cli.app import _read_source, cli, emit_json, fail, out, parse_run
 @cli.command()
 def signal(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     name: Annotated[str, typer.Argument(help="The signal's name, as the agent waits for it.")],
     payload: Annotated[
         str,
@@ -33,6 +35,7 @@ def signal(
 
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         value = _payload(payload, rt.settings.max_payload_bytes)
         try:
             sent = rt.signal(rid, name, value, by=by)

@@ -198,7 +198,9 @@ def dead_letters(
 @cli.command()
 def audit(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The run's id, or 8+ hex digits of it (as `runs` shows).")
+    ],
     at: Annotated[int, typer.Option("--at", min=1, max=2**31 - 1, help="The version to look at.")],
     first: FromOption = None,
     limit: TrailLimitOption = None,
@@ -216,6 +218,7 @@ def audit(
     `--all`)."""
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
+        rid = rt.resolve(rid)
         try:
             state, upto = rt.audit(rid, at)
         except ValueError as error:
@@ -262,7 +265,7 @@ def project(
     this in the background). A projection that raises stops alone; see `stats`."""
     from steptrail.projections.custom import ProjectionFailed
 
-    with runtime(ctx) as rt:
+    with runtime(ctx, creates=True) as rt:
         if every is None:
             failed = False
             for name, done in rt.project_all().items():
@@ -361,7 +364,10 @@ def purge(
     state), leaving a tombstone per run. Terminal runs follow the agent_run window, all other
     runs the approval window; both default to STEPTRAIL_RETENTION_DAYS (30). Safe to
     interrupt and run again."""
-    with runtime(ctx) as rt, progress_bars(lambda category: f"purging {category}") as progress:
+    with (
+        runtime(ctx, creates=True) as rt,
+        progress_bars(lambda category: f"purging {category}") as progress,
+    ):
         report = rt.purge(days, batch=batch, progress=progress)
     if as_json:
         emit_json(report.as_dict())
@@ -461,7 +467,7 @@ def console(
         operator=operator or f"console:{getpass.getuser()}",
         poll_seconds=poll,
     )
-    with runtime(ctx, serving=True) as rt:
+    with runtime(ctx, serving=True, creates=not read_only) as rt:
         where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
         err.print(
             f"steptrail console on {where}"

@@ -39,6 +39,7 @@ from steptrail.domain.errors import (
     DomainError,
     InvalidActor,
     InvalidInput,
+    InvalidRunId,
     UnknownRun,
 )
 from steptrail.domain.ids import short_id
@@ -148,9 +149,12 @@ class Console:
         wanted = request.query_params.get("run", "").strip()
         if wanted:
             try:
-                return RedirectResponse(f"/runs/{UUID(wanted)}", status_code=303)
-            except ValueError:
-                return self.problem(request, 400, f"{wanted!r} is not a run id (a UUID)")
+                found = await run_in_threadpool(self.rt.resolve, wanted)
+            except UnknownRun as error:
+                return self.problem(request, 404, str(error))
+            except InvalidRunId as error:  # not an id, or an ambiguous part of one
+                return self.problem(request, 400, str(error))
+            return RedirectResponse(f"/runs/{found}", status_code=303)
         try:
             filters = pages.Filters.parse(dict(request.query_params))
         except pages.BadFilter as error:
@@ -159,7 +163,16 @@ class Console:
         return self.render(request, "runs.html", p=data)
 
     async def run(self, request: Request) -> Response:
-        run_id = _run_id(request)
+        given = request.path_params["run_id"]
+        try:
+            run_id = await run_in_threadpool(self.rt.resolve, given)
+        except UnknownRun as error:
+            return self.problem(request, 404, str(error))
+        except InvalidRunId as error:
+            return self.problem(request, 404, str(error))
+        if given != str(run_id):  # a part of the id, or another spelling: the page's own URL
+            query = f"?{request.url.query}" if request.url.query else ""
+            return RedirectResponse(f"/runs/{run_id}{query}", status_code=303)
         raw = request.query_params.get("version")
         version = int(raw) if raw and raw.isdigit() else None
         try:
@@ -202,7 +215,12 @@ class Console:
 
     async def act(self, request: Request) -> Response:
         form = await self.checked_form(request)
-        run_id = _run_id(request)
+        try:
+            run_id = await run_in_threadpool(self.rt.resolve, request.path_params["run_id"])
+        except UnknownRun as error:
+            return self.problem(request, 404, str(error))
+        except InvalidRunId as error:
+            return self.problem(request, 400, str(error))
         action = request.path_params["action"]
         by = self.operator(request)
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
@@ -300,13 +318,6 @@ def create_app(rt: Runtime, config: ConsoleConfig | None = None) -> Guard:
 async def _http_problem(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return Response(f"{exc.detail}\n", status_code=exc.status_code, media_type="text/plain")
-
-
-def _run_id(request: Request) -> UUID:
-    try:
-        return UUID(request.path_params["run_id"])
-    except ValueError:
-        raise HTTPException(404, "not a run id") from None
 
 
 def _raise(error: Exception) -> object:

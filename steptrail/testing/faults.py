@@ -17,6 +17,7 @@ journal numbers them) and fires once, the first time that position runs for real
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -29,7 +30,7 @@ from steptrail.domain.errors import IllegalTransition, VersionConflict
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
 from steptrail.domain.waits import SignalGuard
-from steptrail.workers.context import LiveStep, Recorded, RunContext
+from steptrail.workers.context import LiveStep, RunContext
 
 T = TypeVar("T")
 FAULT_ACTOR = "steptrail.testing"
@@ -148,32 +149,40 @@ class FaultPlan:
 
 class FaultyContext(RunContext):
     """A `RunContext` that consults the kit's fault plan before each live step's callable
-    (after its boundary, and after a write's marker)."""
+    (after its boundary, and after a write's marker). The async context runs its steps
+    through the same hook, so faults reach `async def` agents as they reach sync ones."""
 
     plan: FaultPlan
 
-    def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
+    def live_callable(self, step: LiveStep, fn: Callable[[], Any]) -> Callable[[], Any]:
         position = self._journal.position
         fault = self.plan.take(position)
         if fault is None:
-            return super()._run_live(step, fn)
+            return fn
         if fault.kind == "lose_lease":
             self.plan.steal(self._segment.run)
-            return super()._run_live(step, fn)
+            return fn
         if fault.kind == "fail":
             failure_class = fault.failure_class or FailureClass.UNKNOWN
 
-            def failing() -> T:
+            def failing() -> Any:
                 raise InjectedFailure(failure_class, f"injected at step {position}")
 
-            return super()._run_live(step, failing)
+            return failing
         fuse = self.plan.fuse
 
-        def crashing() -> T | Recorded[T]:
-            fn()
+        def crashing() -> Any:
+            outcome = fn()
+            if inspect.isawaitable(outcome):  # an async step: die once it has finished
+
+                async def finished() -> Any:
+                    await outcome
+                    raise fuse.blow(SimulatedCrash(position))
+
+                return finished()
             raise fuse.blow(SimulatedCrash(position))
 
-        return super()._run_live(step, crashing)
+        return crashing
 
 
 def context_for(plan: FaultPlan) -> type[RunContext]:

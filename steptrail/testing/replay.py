@@ -16,11 +16,11 @@ suite, with no database.
 
 from __future__ import annotations
 
-import inspect
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 import structlog
@@ -37,10 +37,14 @@ from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import DECISION_STEP, Run, RunState
 from steptrail.render import event_dict
 from steptrail.runtime import Runtime
+from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import RunContext
-from steptrail.workers.execute import decode_request
+from steptrail.workers.execute import decode_request, run_to_end
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.segment import Segment
+from steptrail.workers.store_threads import StoreThreads
+
+T = TypeVar("T")
 
 FIXTURE_FORMAT = "steptrail-replay-fixture/1"
 IN_FLIGHT = (
@@ -111,6 +115,14 @@ class _ReadOnlyStore:
         raise _WouldWrite(f"replay check tried store.{name}")
 
 
+class _Inline:
+    """Store calls of an async agent under a replay check, made in the calling thread: the
+    read-only store answers (or refuses) at once, and nothing waits on I/O."""
+
+    async def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return fn(*args, **kwargs)
+
+
 def replay_run(
     app: App,
     run: Run,
@@ -140,8 +152,6 @@ def replay_run(
         return verdict("skipped", message=f"no agent {state.agent!r} in this app")
     if cursor.recorded == 0:
         return verdict("skipped", message="no journal to replay")
-    if inspect.iscoroutinefunction(spec.fn):
-        return verdict("skipped", message="async agents are not replay-checked yet")
     log = structlog.get_logger("steptrail.replay_check")
     segment = Segment(
         cast(RunStore, _ReadOnlyStore()), run, lease_s=3600.0, log=log, clock=lambda: 0.0
@@ -156,7 +166,11 @@ def replay_run(
         classify=app.classifier,
     )
     try:
-        cast(Any, spec.fn)(ctx, request)
+        if spec.is_async:  # the same core, awaited through the async context's steps
+            agent = AsyncRunContext(ctx, cast(StoreThreads, _Inline()))
+            run_to_end(cast(Any, spec.fn)(agent, request))
+        else:
+            cast(Any, spec.fn)(ctx, request)
     except ReplayEnded as ended:
         mismatch = _decision_mismatch(state, ended.call, cursor.position)
         if mismatch is not None:

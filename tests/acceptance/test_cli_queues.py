@@ -120,7 +120,7 @@ def test_enqueue_from__lines_name_queue_and_priority_and_runs_filters(
     assert [(r["queue"], r["priority"]) for r in json.loads(listed.stdout)] == [("bulk", 4)]
     ranked = steptrail("runs", "--min-priority", "4", "--json", url=sqlite_url)
     assert sorted(r["priority"] for r in json.loads(ranked.stdout)) == [4, 5]
-    table = steptrail("runs", url=sqlite_url).stdout
+    table = steptrail("runs", url=sqlite_url, COLUMNS="200").stdout
     assert "queue" in table
     assert "heavy" in table
     bad = tmp_path / "bad.jsonl"

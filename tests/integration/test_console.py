@@ -366,6 +366,33 @@ def test_runs__go_to_a_run_by_id(rt: Runtime) -> None:
     assert c.get("/runs", params={"run": "<nope>"}).status_code == 400
 
 
+def test_short_ids__box_routes_and_actions_take_what_the_tables_show(rt: Runtime) -> None:
+    """The 8 digits the console shows find the run in the box, in `/runs/…` (redirected to
+    the run's own URL, keeping the query) and in an action; a part two runs share is a 400
+    naming both; a part nobody has is a 404 (ADR 0074)."""
+    run_id = rt.enqueue("scripted", {"steps": 1})
+    other = rt.enqueue("scripted", {"steps": 1})
+    short = short_id(run_id)
+    c = client(rt)
+    jump = c.get("/runs", params={"run": short})
+    assert (jump.status_code, jump.headers["location"]) == (303, f"/runs/{run_id}")
+    page = c.get(f"/runs/{short}", params={"version": "1"})
+    assert (page.status_code, page.headers["location"]) == (303, f"/runs/{run_id}?version=1")
+    assert c.get(f"/runs/{run_id}").status_code == 200
+    assert c.get("/runs/deadbeef").status_code == 404
+    assert c.get("/runs/not-an-id").status_code == 404
+    shared = run_id.hex[:8]
+    if other.hex[:8] == shared:  # made in the same minute: the time prefix is shared
+        both = c.get("/runs", params={"run": shared})
+        assert both.status_code == 400
+        assert str(run_id) in both.text
+        assert str(other) in both.text
+    token = csrf(c)
+    r = c.post(f"/runs/{short}/cancel", data={"csrf": token})
+    assert (r.status_code, r.headers["location"]) == (303, f"/runs/{run_id}?done=cancel")
+    assert isinstance(rt.history(run_id)[-1].event, Run.Cancelled)
+
+
 @pytest.mark.parametrize("target", ["//evil.example/", "/\\evil.example", "https://evil.example"])
 def test_actions__never_redirect_off_the_console(rt: Runtime, target: str) -> None:
     """A forged `next` falls back to the run's own page."""

@@ -143,11 +143,13 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         from steptrail import no_such_name  # type: ignore[attr-defined]  # noqa: F401
 
 
-def test_a_command_on_sqlite_does_not_import_the_postgresql_driver(tmp_path: Path) -> None:
+def test_a_command_on_sqlite_does_not_import_the_postgresql_driver(
+    small_db: tuple[str, str],
+) -> None:
     """`stats` on a SQLite database opens the runtime (the probe sees it) but never psycopg
     or the PostgreSQL store (imported when a PostgreSQL URL is opened), nor jsonschema
     (imported when an input schema is checked)."""
-    url = f"sqlite:///{tmp_path / 'small.db'}"
+    url = small_db[0]
     loaded = cli_loads("--database-url", url, "stats")
     assert "steptrail.runtime" in loaded
     assert [m for m in loaded if m.split(".")[0] == "psycopg"] == []

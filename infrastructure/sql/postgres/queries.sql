@@ -950,3 +950,66 @@ LIMIT 1;
 -- name: select_signals
 SELECT seq, name, sent_by, sent_at, length(payload) AS size FROM steptrail_signals
 WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: run_ids_like
+-- Short ids (ADR 0074): the runs whose id starts with the digits (a range of the primary
+-- key) or ends with them (what a table shows: a scan of the index's keys, paid only when
+-- somebody typed a part of an id), then purged runs' tombstones alike. The suffix comes
+-- with its dashes, matched against the uuid's canonical text.
+SELECT run_id, 0 AS purged FROM (
+    SELECT run_id FROM steptrail_runs WHERE run_id BETWEEN %(lo)s AND %(hi)s
+    UNION
+    SELECT run_id FROM steptrail_runs WHERE run_id::text LIKE %(suffix)s
+) AS live
+UNION ALL
+SELECT run_id, 1 AS purged FROM (
+    SELECT run_id FROM steptrail_tombstones WHERE run_id BETWEEN %(lo)s AND %(hi)s
+    UNION
+    SELECT run_id FROM steptrail_tombstones WHERE run_id::text LIKE %(suffix)s
+) AS gone
+ORDER BY purged, run_id
+LIMIT %(limit)s;
+
+-- name: select_schedules
+-- Schedules (ADR 0076).
+SELECT *, now() AS store_now FROM steptrail_schedules ORDER BY name;
+
+-- name: select_schedule
+SELECT *, now() AS store_now FROM steptrail_schedules WHERE name = %(name)s FOR UPDATE;
+
+-- name: insert_schedule
+INSERT INTO steptrail_schedules (
+    name, cron, agent, request, missed, grace_ms, paused, next_tick_at, updated_by
+) VALUES (
+    %(name)s, %(cron)s, %(agent)s, %(request)s, %(missed)s, %(grace_ms)s, false,
+    %(next_tick_at)s, %(by)s
+)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: update_schedule_definition
+UPDATE steptrail_schedules SET
+    cron = %(cron)s, agent = %(agent)s, request = %(request)s, missed = %(missed)s,
+    grace_ms = %(grace_ms)s, next_tick_at = %(next_tick_at)s, updated_at = now(),
+    updated_by = %(by)s
+WHERE name = %(name)s;
+
+-- name: due_schedules
+SELECT *, now() AS store_now FROM steptrail_schedules
+WHERE NOT paused AND next_tick_at <= now()
+ORDER BY next_tick_at, name
+LIMIT %(limit)s;
+
+-- name: advance_schedule
+-- A compare-and-set on the next tick: of two schedulers that fired the same ticks (one run
+-- each, by their idempotency keys), one moves the schedule on and the other finds it moved.
+UPDATE steptrail_schedules SET
+    next_tick_at = %(next_tick_at)s,
+    last_tick_at = coalesce(%(last_tick_at)s, last_tick_at),
+    last_run_id = coalesce(%(last_run_id)s, last_run_id),
+    updated_at = now()
+WHERE name = %(name)s AND next_tick_at = %(expected)s;
+
+-- name: pause_schedule
+UPDATE steptrail_schedules SET paused = %(paused)s, updated_at = now(), updated_by = %(by)s
+WHERE name = %(name)s
+RETURNING *, now() AS store_now;

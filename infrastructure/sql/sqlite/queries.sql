@@ -689,3 +689,61 @@ LIMIT 1;
 -- name: select_signals
 SELECT seq, name, sent_by, sent_at, length(payload) AS size FROM steptrail_signals
 WHERE run_id = :run_id ORDER BY seq;
+
+-- name: run_ids_like
+-- Short ids (ADR 0074): the runs whose id starts with the digits (a key range of the
+-- primary key) or ends with them (what a table shows: a scan of the index's keys, paid
+-- only when somebody typed a part of an id), then purged runs' tombstones alike.
+SELECT run_id, 0 AS purged FROM (
+    SELECT run_id FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi
+    UNION
+    SELECT run_id FROM steptrail_runs WHERE run_id LIKE :suffix
+)
+UNION ALL
+SELECT run_id, 1 AS purged FROM (
+    SELECT run_id FROM steptrail_tombstones WHERE run_id BETWEEN :lo AND :hi
+    UNION
+    SELECT run_id FROM steptrail_tombstones WHERE run_id LIKE :suffix
+)
+ORDER BY purged, run_id
+LIMIT :limit;
+
+-- name: select_schedules
+-- Schedules (ADR 0076).
+SELECT * FROM steptrail_schedules ORDER BY name;
+
+-- name: select_schedule
+SELECT * FROM steptrail_schedules WHERE name = :name;
+
+-- name: insert_schedule
+INSERT INTO steptrail_schedules (
+    name, cron, agent, request, missed, grace_ms, paused, next_tick_at, updated_at, updated_by
+) VALUES (
+    :name, :cron, :agent, :request, :missed, :grace_ms, 0, :next_tick_at, :at, :by
+);
+
+-- name: update_schedule_definition
+UPDATE steptrail_schedules SET
+    cron = :cron, agent = :agent, request = :request, missed = :missed,
+    grace_ms = :grace_ms, next_tick_at = :next_tick_at, updated_at = :at, updated_by = :by
+WHERE name = :name;
+
+-- name: due_schedules
+SELECT * FROM steptrail_schedules
+WHERE paused = 0 AND next_tick_at <= :now
+ORDER BY next_tick_at, name
+LIMIT :limit;
+
+-- name: advance_schedule
+-- A compare-and-set on the next tick: of two schedulers that fired the same ticks (one run
+-- each, by their idempotency keys), one moves the schedule on and the other finds it moved.
+UPDATE steptrail_schedules SET
+    next_tick_at = :next_tick_at,
+    last_tick_at = coalesce(:last_tick_at, last_tick_at),
+    last_run_id = coalesce(:last_run_id, last_run_id),
+    updated_at = :at
+WHERE name = :name AND next_tick_at = :expected;
+
+-- name: pause_schedule
+UPDATE steptrail_schedules SET paused = :paused, updated_at = :at, updated_by = :by
+WHERE name = :name;
