@@ -1,8 +1,8 @@
 """steptrail benchmark: no-op run throughput and step-append rate, against raw SQL and
 Procrastinate, all measured in one invocation so that the ratios compare like with like.
 
-    python bench/run.py --quick                 # about a minute
-    python bench/run.py                         # about 2.5 minutes, 5 rounds
+    python bench/run.py --quick                 # about 3 minutes
+    python bench/run.py                         # about 10 minutes, 5 rounds
     python bench/run.py --processes 2 --concurrency 4 --runs 2000 --json out.json
 
 What is measured (see bench/README.md for the meaning of every figure):
@@ -16,9 +16,12 @@ What is measured (see bench/README.md for the meaning of every figure):
   P processes x C threads, and a bare single-row INSERT loop; a bare SQLite INSERT loop.
 * Procrastinate: N no-op tasks deferred one by one, then drained by P processes each running
   a worker with `concurrency=C` and `wait=False`.
-* Wire cost (PostgreSQL only): a counting proxy in front of the server tells how many sync
-  points (ReadyForQuery messages: the client waits for each) and COMMITs one enqueue, one
-  claim and one append cost.
+* Wire cost (PostgreSQL only, bench/wire.py): a counting proxy in front of the server tells
+  how many sync points (ReadyForQuery messages) and COMMITs an enqueue, a claim, an append cost.
+* Peers (bench/peers.py): steptrail and DBOS 3.4.0 drain the same no-op and five-step runs,
+  one process of C slots each, on PostgreSQL and SQLite; part of every round.
+* Latency (bench/latency.py, once at the end): enqueue -> start, a step's record, approve ->
+  resume on an idle worker, p50/p99. bench/report.py prints the tables.
 
 Every round recreates the databases, so rounds start from the same state; each figure is the
 median over rounds and each ratio the median of the per-round ratios.
@@ -33,12 +36,9 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import platform
 import queue
 import resource
-import socket
 import sqlite3
-import statistics
 import sys
 import tempfile
 import threading
@@ -59,6 +59,7 @@ os.environ.setdefault("PGGSSENCMODE", "disable")
 
 import psycopg
 from psycopg import sql
+from report import environment, load_average, markdown, ratios, summarise
 
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.privacy import filter_payload
@@ -77,9 +78,8 @@ AGENT = "scripted"
 REQUEST = {"steps": 1}
 STARTUP_TIMEOUT_S = 120.0
 PAYLOAD_BYTES = 200  # the raw baselines' row payload, about one encoded step event
-WIRE_APPENDS = 20
-WIRE_OPS = 20  # enqueues and claims counted
-WIRE_WARM_UP = 8  # 2 x the pool's connections: each prepares its statements once
+# The other scripts' databases (bench/peers.py, bench/latency.py), dropped at the end too.
+PEER_DATABASES = ("steptrail_bench_peer", "dbos_bench", "steptrail_bench_latency")
 
 
 class BenchError(RuntimeError):
@@ -612,134 +612,6 @@ def bench_procrastinate(url: str, cfg: Config) -> dict[str, float]:
     return {"enqueue": defer_rate, **drain.figures(cfg.runs)}
 
 
-# -- wire cost: a counting proxy in front of PostgreSQL ------------------------------------------
-
-
-class WireCounter:
-    """A loopback TCP proxy that counts, in what the server sends, ReadyForQuery messages
-    (one per sync point: each is a round trip the client waits for) and COMMIT command tags.
-
-    It relies on the session starting without SSL/GSS negotiation (PGSSLMODE=disable), so
-    that the server's stream is framed protocol messages from its first byte.
-    """
-
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.syncs = 0
-        self.commits = 0
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def snapshot(self) -> tuple[int, int]:
-        with self._lock:
-            return self.syncs, self.commits
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self._sockets:
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self._sockets += [client, server]
-            threading.Thread(target=self._forward, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._count, args=(server, client), daemon=True).start()
-
-    @staticmethod
-    def _forward(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            target.close()
-
-    def _count(self, server: socket.socket, client: socket.socket) -> None:
-        buffer = b""
-        try:
-            while data := server.recv(65536):
-                buffer += data
-                while len(buffer) >= 5:
-                    size = int.from_bytes(buffer[1:5], "big")
-                    if len(buffer) < 1 + size:
-                        break
-                    kind, body, buffer = buffer[:1], buffer[5 : 1 + size], buffer[1 + size :]
-                    with self._lock:
-                        if kind == b"Z":
-                            self.syncs += 1
-                        elif kind == b"C" and body.rstrip(b"\0") == b"COMMIT":
-                            self.commits += 1
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
-            client.close()
-
-
-def wire_costs(url: str) -> dict[str, float]:
-    """Round trips (sync points) and COMMITs per enqueue, claim and step append."""
-    parts = urlsplit(url)
-    counter = WireCounter(parts.hostname or "127.0.0.1", parts.port or 5432)
-    netloc = f"{parts.username or 'postgres'}@127.0.0.1:{counter.port}"
-    proxied = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    costs: dict[str, float] = {}
-    try:
-        with open_runtime(settings=steptrail_settings(proxied)) as runtime:
-            # Warm-up: the pool hands its connections out in turn, and psycopg prepares a
-            # statement on its first use on each connection (one extra round trip, once per
-            # connection), so every pooled connection runs each statement once first; what
-            # is counted is the steady state, averaged over WIRE_OPS operations.
-            holder, lease_ms = holder_name("bench"), runtime.settings.lease_ms
-            for _ in range(WIRE_WARM_UP):
-                runtime.enqueue(AGENT, REQUEST)
-            before = counter.snapshot()
-            for _ in range(WIRE_OPS):
-                runtime.enqueue(AGENT, REQUEST)
-            costs.update(_per_op("enqueue", before, counter.snapshot(), WIRE_OPS))
-            for _ in range(WIRE_WARM_UP):  # the key's run is queued too (claimed below)
-                runtime.enqueue(AGENT, REQUEST, idempotency_key="wire-taken")
-            before = counter.snapshot()
-            for _ in range(WIRE_OPS):
-                runtime.enqueue(AGENT, REQUEST, idempotency_key="wire-taken")
-            costs.update(_per_op("enqueue_key_taken", before, counter.snapshot(), WIRE_OPS))
-            claimed = None
-            for _ in range(WIRE_WARM_UP):  # every run enqueued above is claimed in turn
-                runtime.store.claim(holder=holder, lease_ms=lease_ms, agents=[AGENT])
-            before = counter.snapshot()
-            for _ in range(WIRE_OPS):
-                claimed = runtime.store.claim(holder=holder, lease_ms=lease_ms, agents=[AGENT])
-            costs.update(_per_op("claim", before, counter.snapshot(), WIRE_OPS))
-            assert claimed is not None
-            run = claimed.run
-            for i in range(WIRE_WARM_UP):
-                run.record_step(kind="llm", name=f"w{i}", duration_ms=0, payload=step_payload(0))
-                runtime.store.append(run)
-            before = counter.snapshot()
-            for i in range(1, WIRE_APPENDS + 1):
-                run.record_step(kind="llm", name=f"s{i}", duration_ms=0, payload=step_payload(i))
-                runtime.store.append(run)
-            costs.update(_per_op("append", before, counter.snapshot(), WIRE_APPENDS))
-    finally:
-        counter.close()
-    return costs
-
-
-def _per_op(name: str, before: tuple[int, int], after: tuple[int, int], n: int) -> dict[str, float]:
-    return {
-        f"{name}_round_trips": (after[0] - before[0]) / n,
-        f"{name}_commits": (after[1] - before[1]) / n,
-    }
-
-
 # -- orchestration -------------------------------------------------------------------------------
 
 
@@ -753,6 +625,13 @@ class Config:
     pg: str
     keep: bool
     cold_stats: bool
+    # bench/peers.py: DBOS and steptrail, no-op and five-step, N = peer_runs each.
+    peers: bool = False
+    peer_runs: int = 200
+    dbos_poll: float = 0.01
+    # bench/latency.py, once after the rounds.
+    latency: bool = False
+    latency_samples: int = 200
 
 
 def one_round(cfg: Config, folder: Path, index: int) -> dict[str, float]:
@@ -777,12 +656,25 @@ def one_round(cfg: Config, folder: Path, index: int) -> dict[str, float]:
         url = recreate_database(cfg.pg, DB_PROCRASTINATE)
         return {f"procrastinate_{k}": v for k, v in bench_procrastinate(url, cfg).items()}
 
+    def peers_pg() -> dict[str, float]:
+        import peers  # here, not at the top: peers.py imports this file
+
+        return peers.peer_figures(cfg, folder, index, "pg")
+
+    def peers_sqlite() -> dict[str, float]:
+        import peers
+
+        return peers.peer_figures(cfg, folder, index, "sqlite")
+
     systems: list[Callable[[], dict[str, float]]] = [
         steptrail_pg,
         procrastinate,
         raw_pg,
         steptrail_sqlite,
     ]
+    if cfg.peers:
+        systems[1:1] = [peers_pg]
+        systems.append(peers_sqlite)
     shift = index % len(systems)
     out: dict[str, float] = {}
     for system in systems[shift:] + systems[:shift]:
@@ -791,177 +683,11 @@ def one_round(cfg: Config, folder: Path, index: int) -> dict[str, float]:
     return out
 
 
-RATIOS = {
-    # name: (numerator, denominator, label)
-    "ratio_pg_vs_procrastinate": (
-        "steptrail_pg_drain",
-        "procrastinate_drain",
-        "steptrail-PG / Procrastinate (drain)",
-    ),
-    "ratio_pg_vs_procrastinate_enqueue": (
-        "steptrail_pg_enqueue",
-        "procrastinate_enqueue",
-        "steptrail-PG / Procrastinate (enqueue vs defer)",
-    ),
-    "ratio_cpu_pg_vs_procrastinate": (
-        "procrastinate_cpu_ms",
-        "steptrail_pg_cpu_ms",
-        "Procrastinate / steptrail-PG (CPU per run, worker + server; >1: steptrail cheaper)",
-    ),
-    "ratio_sqlite_vs_pg": (
-        "steptrail_sqlite_drain",
-        "steptrail_pg_drain",
-        "steptrail-SQLite / steptrail-PG (drain)",
-    ),
-    "ratio_pg_vs_raw_skip_locked": (
-        "steptrail_pg_drain",
-        "raw_pg_drain",
-        "steptrail-PG / raw SKIP LOCKED loop (drain)",
-    ),
-    "ratio_pg_append_vs_insert": (
-        "steptrail_pg_append",
-        "raw_pg_insert",
-        "PG: step append / bare INSERT",
-    ),
-    "ratio_sqlite_append_vs_insert": (
-        "steptrail_sqlite_append",
-        "raw_sqlite_insert",
-        "SQLite: step append / bare INSERT",
-    ),
-}
-
-
-def ratios(figures: dict[str, float]) -> dict[str, float]:
-    return {
-        name: figures[a] / figures[b]
-        for name, (a, b, _) in RATIOS.items()
-        if a in figures and b in figures
-    }
-
-
-def summarise(rounds: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    keys = [k for k in rounds[0] if all(k in r for r in rounds)]
-    return {
-        k: {
-            "median": statistics.median(r[k] for r in rounds),
-            "min": min(r[k] for r in rounds),
-            "max": max(r[k] for r in rounds),
-        }
-        for k in keys
-    }
-
-
-FIGURES = [
-    # (key, label, unit)
-    ("steptrail_sqlite_drain", "steptrail SQLite: no-op runs drained", "runs/s"),
-    ("steptrail_pg_drain", "steptrail PostgreSQL: no-op runs drained", "runs/s"),
-    ("procrastinate_drain", "Procrastinate 3.10: no-op async tasks drained", "jobs/s"),
-    ("raw_pg_drain", "raw PG queue: SKIP LOCKED claim + settle", "jobs/s"),
-    ("steptrail_sqlite_enqueue", "steptrail SQLite: enqueue (1 thread)", "runs/s"),
-    ("steptrail_pg_enqueue", "steptrail PostgreSQL: enqueue (1 thread)", "runs/s"),
-    ("procrastinate_enqueue", "Procrastinate: defer (1 thread)", "jobs/s"),
-    ("raw_pg_enqueue", "raw PG queue: single-row INSERT enqueue (1 thread)", "rows/s"),
-    (
-        "steptrail_sqlite_append",
-        "steptrail SQLite: step append (record_step + append)",
-        "appends/s",
-    ),
-    (
-        "steptrail_pg_append",
-        "steptrail PostgreSQL: step append (record_step + append)",
-        "appends/s",
-    ),
-    ("raw_sqlite_insert", "bare SQLite INSERT loop (WAL, synchronous=NORMAL)", "inserts/s"),
-    ("raw_pg_insert", "bare PostgreSQL INSERT loop (autocommit)", "inserts/s"),
-    ("steptrail_sqlite_worker_cpu_ms", "steptrail SQLite: worker CPU per run", "ms"),
-    ("steptrail_pg_worker_cpu_ms", "steptrail PostgreSQL: worker CPU per run", "ms"),
-    ("steptrail_pg_server_cpu_ms", "steptrail PostgreSQL: server backend CPU per run", "ms"),
-    ("procrastinate_worker_cpu_ms", "Procrastinate: worker CPU per job", "ms"),
-    ("procrastinate_server_cpu_ms", "Procrastinate: server backend CPU per job", "ms"),
-    ("raw_pg_worker_cpu_ms", "raw PG queue: worker CPU per job", "ms"),
-    ("raw_pg_server_cpu_ms", "raw PG queue: server backend CPU per job", "ms"),
-]
-
-
-def _fmt(value: float) -> str:
-    return f"{value:,.2f}" if value < 10 else f"{value:,.0f}"
-
-
-def load_average() -> str:
-    """The 1-minute load average: other work on the machine skews every figure."""
-    try:
-        return Path("/proc/loadavg").read_text().split()[0]
-    except OSError:
-        return "?"
-
-
-def markdown(
-    summary: dict[str, dict[str, float]], wire: dict[str, float], cfg: Config, load: str
-) -> str:
-    spread = cfg.rounds > 1
-    head = "| Figure | Median | Unit |" + (" Min - max |" if spread else "")
-    rule = "|---|---:|---|" + ("---:|" if spread else "")
-    lines = [
-        f"Shape: {cfg.processes} worker process(es) x concurrency {cfg.concurrency}; "
-        f"N = {cfg.runs} runs/jobs, K = {cfg.appends} appends/inserts; {cfg.rounds} round(s); "
-        f"{os.cpu_count()} CPUs, 1-min load average before/after: {load}"
-        + ("; planner statistics: cold (no ANALYZE)." if cfg.cold_stats else "."),
-        "",
-        head,
-        rule,
-    ]
-    for key, label, unit in FIGURES:
-        if key not in summary:
-            continue
-        s = summary[key]
-        row = f"| {label} | {_fmt(s['median'])} | {unit} |"
-        if spread:
-            row += f" {_fmt(s['min'])} - {_fmt(s['max'])} |"
-        lines.append(row)
-    lines += [
-        "",
-        "| Ratio (median of per-round ratios) | Value |" + (" Min - max |" if spread else ""),
-        "|---|---:|" + ("---:|" if spread else ""),
-    ]
-    for name, (_, _, label) in RATIOS.items():
-        if name not in summary:
-            continue
-        s = summary[name]
-        row = f"| {label} | {s['median']:.2f}x |"
-        if spread:
-            row += f" {s['min']:.2f} - {s['max']:.2f} |"
-        lines.append(row)
-    if wire:
-        lines += [
-            "",
-            "| PostgreSQL wire cost per operation | Round trips (syncs) | COMMITs |",
-            "|---|---:|---:|",
-        ]
-        for op in ("enqueue", "enqueue_key_taken", "claim", "append"):
-            lines.append(
-                f"| {op} | {wire[f'{op}_round_trips']:.2f} | {wire[f'{op}_commits']:.2f} |"
-            )
-    return "\n".join(lines)
-
-
-def environment(pg_version: str) -> dict[str, Any]:
-    from importlib.metadata import version
-
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "postgres": pg_version,
-        "sqlite": sqlite3.sqlite_version,
-        "procrastinate": version("procrastinate"),
-        "psycopg": version("psycopg"),
-        "steptrail": version("steptrail"),
-    }
-
-
 def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="N=1000, K=500, 2 rounds (~1 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="N=1000, K=500, 2 rounds, 100 peer runs, 50 samples"
+    )
     parser.add_argument("--runs", type=int, help="N runs/jobs per drain (2000; quick 1000)")
     parser.add_argument("--appends", type=int, help="K appends/inserts (1000; quick 500)")
     parser.add_argument("--rounds", type=int, help="rounds, each from fresh databases (5; quick 2)")
@@ -979,6 +705,24 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         "a burst of enqueues into a new table)",
     )
     parser.add_argument("--no-wire", action="store_true", help="skip the wire-cost count")
+    parser.add_argument(
+        "--no-peers", action="store_true", help="skip DBOS and the peer drains (bench/peers.py)"
+    )
+    parser.add_argument(
+        "--peer-runs", type=int, help="N runs/workflows per peer drain (200; quick 100)"
+    )
+    parser.add_argument(
+        "--dbos-poll",
+        type=float,
+        default=0.01,
+        help="DBOS queue polling_interval_sec in the peer drains (0.01)",
+    )
+    parser.add_argument(
+        "--no-latency", action="store_true", help="skip the latency figures (bench/latency.py)"
+    )
+    parser.add_argument(
+        "--latency-samples", type=int, help="samples per latency figure (200; quick 50)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
@@ -991,9 +735,17 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         pg=args.pg.rstrip("/"),
         keep=args.keep,
         cold_stats=args.cold_stats,
+        peers=not args.no_peers,
+        peer_runs=args.peer_runs or (100 if args.quick else 200),
+        dbos_poll=args.dbos_poll,
+        latency=not args.no_latency,
+        latency_samples=args.latency_samples or (50 if args.quick else 200),
     )
-    if min(cfg.runs, cfg.appends, cfg.rounds, cfg.processes, cfg.concurrency) < 1:
+    counts = (cfg.runs, cfg.appends, cfg.rounds, cfg.processes, cfg.concurrency, cfg.peer_runs)
+    if min(*counts, cfg.latency_samples) < 1:
         parser.error("every count must be at least 1")
+    if cfg.dbos_poll <= 0:
+        parser.error("--dbos-poll must be positive")
     return cfg, args
 
 
@@ -1015,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rounds: list[dict[str, float]] = []
     wire: dict[str, float] = {}
+    latency: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="steptrail-bench-") as tmp:
             for i in range(cfg.rounds):
@@ -1024,30 +777,43 @@ def main(argv: list[str] | None = None) -> int:
                     f"round {i + 1}/{cfg.rounds} done in {time.monotonic() - t:.0f}s",
                     file=sys.stderr,
                 )
+            if cfg.latency:
+                import latency as latency_bench  # here: latency.py imports this file
+
+                t = time.monotonic()
+                latency = latency_bench.measure(cfg, Path(tmp))
+                print(f"latency done in {time.monotonic() - t:.0f}s", file=sys.stderr)
         if not args.no_wire:
+            from wire import wire_costs  # here: wire.py imports this file
+
             wire = wire_costs(recreate_database(cfg.pg, DB_STEPTRAIL))
     except (BenchError, psycopg.Error) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
         if not cfg.keep:
-            for name in (DB_STEPTRAIL, DB_RAW, DB_PROCRASTINATE):
+            for name in (DB_STEPTRAIL, DB_RAW, DB_PROCRASTINATE, *PEER_DATABASES):
                 drop_database(cfg.pg, name)
     summary = summarise(rounds)
     load = f"{load_before}/{load_average()}"
-    print(markdown(summary, wire, cfg, load))
+    print(markdown(summary, wire, cfg, load, latency))
     print(f"\n(total {time.monotonic() - started:.0f}s)", file=sys.stderr)
     if args.json:
         report = {
             "config": asdict(cfg),
             "environment": {**environment(pg_version), "load_average": load},
+            "dbos_poll_s": cfg.dbos_poll if cfg.peers else None,
             "rounds": rounds,
             "summary": summary,
             "wire": wire,
+            "latency": latency,
         }
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 
 if __name__ == "__main__":
+    # bench/peers.py, latency.py and wire.py import this file as `run`: let them get this
+    # module, not a second copy with its own BenchError that main() would not catch.
+    sys.modules.setdefault("run", sys.modules[__name__])
     sys.exit(main())

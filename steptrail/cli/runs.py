@@ -546,7 +546,7 @@ def runs(
         if as_json:
             emit_json([row_dict(r) for r in rows])
         else:
-            out.print(runs_table(rows, width=out.width if out.is_terminal else None))
+            out.print(runs_table(rows, width=out.width))
 
 
 @cli.command()

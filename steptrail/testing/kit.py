@@ -37,6 +37,7 @@ from steptrail.workers.holders import holder_name
 from steptrail.workers.lease import LeaseKeeper
 from steptrail.workers.reaper import ReapReport
 from steptrail.workers.retention import PurgeReport
+from steptrail.workers.scheduler import PassReport
 
 Decide = (
     Literal["approve", "deny"]
@@ -271,6 +272,15 @@ class Kit:
         else:
             raise ValueError(f"run {run_id} waits for approval: decide 'approve' or 'deny'")
         return True
+
+    def fire_schedules(self) -> PassReport:
+        """Store the app's schedules (as a worker does when it starts) and fire the ticks
+        due by the store's clock, once: after `skip`, the ticks the skipped time passed
+        (those within a schedule's grace; older ones by its `missed` policy). The runs are
+        queued; drive them with `run_to_end` or `runtime.work(burst=True)`."""
+        scheduler = self.runtime.scheduler()
+        scheduler.reconcile()
+        return scheduler.tick_once()
 
     # -- looking and housekeeping ------------------------------------------------------------
 

@@ -30,7 +30,9 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 def healthy(url: str, run_id: str | None = None) -> None:
-    """`stats`, `verify` (and `show RUN`) keep working."""
+    """`stats`, `verify` (and `show RUN`) keep working (on a database with the schema: a
+    read command never creates one, ADR 0074)."""
+    assert steptrail("migrate", url=url).returncode == 0
     for args in (["stats", "--json"], ["verify"], *([["show", run_id]] if run_id else [])):
         result = steptrail(*args, url=url)
         assert result.returncode == 0, (args, result.stderr)
@@ -317,6 +319,7 @@ def test_bad_setting__names_variable_and_range(sqlite_url: str) -> None:
 def test_metrics_serve__port_in_use_or_bad_host_exit_2(sqlite_url: str) -> None:
     """`metrics --serve` on a port in use, or on a host that does not resolve, is one line
     and exit 2."""
+    assert steptrail("migrate", url=sqlite_url).returncode == 0
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -568,6 +571,7 @@ def test_privacy__request_chosen_tool_names_not_in_the_log(
 def test_review_passing_cases__stay_passing(db_url: str) -> None:
     """Malformed JSON, unknown agents, injection-looking names, wrong digests and double
     approvals: one line, the right exit code, nothing lost."""
+    assert steptrail("migrate", url=db_url).returncode == 0
     for args, code in (
         (["enqueue", "scripted", "-r", "{bad"], 2),
         (["enqueue", "scripted", "-r", "[1]"], 2),

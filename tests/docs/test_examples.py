@@ -138,10 +138,12 @@ def test_shell_blocks__every_steptrail_line_names_real_commands_and_options() ->
             assert words, f"{path.name}: a steptrail line without a command"
             name, rest = words[0], words[1:]
             assert name in commands, f"{path.name}: no command {name!r}"
+            command = commands[name]
+            subcommands = getattr(command, "commands", {})  # a group: `schedules pause …`
+            if rest and rest[0] in subcommands:
+                command, rest = subcommands[rest[0]], rest[1:]
             known = {
-                o
-                for p in commands[name].params
-                for o in [*p.opts, *getattr(p, "secondary_opts", [])]
+                o for p in command.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]
             } | {"--help"}
             for word in rest:
                 if word.startswith("-") and word not in {"-"}:

@@ -197,3 +197,24 @@ def test_tick__a_schedule_of_an_agent_this_app_lacks_is_left_alone(db_url: str) 
     finally:
         owner.close()
         other.close()
+
+
+def test_kit__fire_schedules_after_skipping_time(sqlite_url: str) -> None:
+    """The testing kit fires what skipped time made due (SQLite skips time; a PostgreSQL
+    database the kit created does too)."""
+    from steptrail.testing import Kit
+
+    rt = make_runtime(sqlite_url, app=digest_app("* * * * *", grace_seconds=120))
+    try:
+        kit = Kit(rt)
+        assert kit.fire_schedules().enqueued == 0  # stored; its first tick is ahead
+        kit.skip(61)
+        assert kit.fire_schedules().enqueued == 1
+        kit.skip(3600)  # an hour nobody fired: skipped but for the ticks within the grace
+        report = kit.fire_schedules()
+        assert report.missed == 1
+        assert report.enqueued in {1, 2}
+        rt.work(burst=True)
+        assert {r.status.value for r in scheduled_runs(rt)} == {"completed"}
+    finally:
+        rt.close()
