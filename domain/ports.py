@@ -37,6 +37,8 @@ class ClaimRequest:
     lease_ms: int
     agents: tuple[str, ...]
     limit: int = 1
+    # The queues to claim from (ADR 0077); None: every queue.
+    queues: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,28 @@ class RunStore(Protocol):
         """
         ...
 
-    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
-        """Claim the queued run that became available first, among `agents`, if any."""
+    def claim(
+        self,
+        *,
+        holder: str,
+        lease_ms: int,
+        agents: Sequence[str],
+        queues: Sequence[str] | None = None,
+    ) -> ClaimedRun | None:
+        """Claim the run `claim_batch` would claim first (a batch of one), if any."""
         ...
 
     def claim_batch(
-        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+        self,
+        *,
+        holder: str,
+        lease_ms: int,
+        agents: Sequence[str],
+        limit: int,
+        queues: Sequence[str] | None = None,
     ) -> list[ClaimedRun]:
-        """Claim up to `limit` runs in one transaction (one round trip)."""
+        """Claim up to `limit` runs in one transaction (one round trip): of `queues` (None:
+        every queue), the highest priority first, then the earliest available (ADR 0077)."""
         ...
 
     def load(self, run_id: UUID) -> Run | None: ...

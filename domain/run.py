@@ -81,6 +81,10 @@ class Run:
         idempotency_key: str | None = None
         # The W3C traceparent of the enqueuer's context (ADR 0031): metadata, never content.
         trace_parent: str | None = None
+        # Where the claim finds the run and in which order (ADR 0077); an event stored
+        # before queues existed reads as the default queue at priority 0.
+        queue: str = "default"
+        priority: int = 0
 
         def apply(self, state: RunState | None) -> RunState:
             if state is not None:
@@ -94,6 +98,8 @@ class Run:
                 request_digest=self.request_digest,
                 idempotency_key=self.idempotency_key,
                 trace_parent=self.trace_parent,
+                queue=self.queue,
+                priority=self.priority,
             )
 
     class Started(RunEvent):
@@ -453,9 +459,13 @@ class Run:
         actor: str,
         idempotency_key: str | None = None,
         trace_parent: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
     ) -> Run:
         """A new queued run. Its request body is saved by the store, keyed by the run.
-        `trace_parent` (a W3C traceparent) is the trace its segments join."""
+        `trace_parent` (a W3C traceparent) is the trace its segments join; `queue` and
+        `priority` are where and in which order the claim takes it (checked by the caller,
+        `domain.queues`)."""
         event = cls.Queued(
             actor=actor,
             run_id=run_id,
@@ -463,6 +473,8 @@ class Run:
             request_digest=request_digest,
             idempotency_key=idempotency_key,
             trace_parent=trace_parent,
+            queue=queue,
+            priority=priority,
         )
         return cls._created(event)
 
@@ -873,6 +885,7 @@ def _check_lease(lease_ms: int) -> None:
         raise IllegalTransition("a lease must be positive")
 
 
-# The waits' events are run events too: importing their module registers their topics
-# wherever the run's events are decoded (ADR 0073).
+# The waits' and the priority's events are run events too: importing their modules registers
+# their topics wherever the run's events are decoded (ADR 0073, 0077).
+from steptrail.domain import queues as _queues  # noqa: E402, F401
 from steptrail.domain import waits as _waits  # noqa: E402, F401

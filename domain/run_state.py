@@ -119,6 +119,10 @@ class RunState(BaseModel):
     # The wait the run was last woken from (by its deadline, or by a signal): the woken
     # segment records that wait's outcome where the agent waits again (ADR 0073).
     woke: Waiting | None = None
+    # The queue the run was enqueued to and its claim priority (ADR 0077): columns of the
+    # run index, which the claim walks by them.
+    queue: str = "default"
+    priority: int = 0
 
     def evolve(self, **changes: Any) -> RunState:
         """This state with `changes` (field values of the right types, from the events'

@@ -35,6 +35,7 @@ from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
+from steptrail.domain.queues import priority_changed
 from steptrail.domain.run import Run, RunEvent
 from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
@@ -98,7 +99,7 @@ _SESSION = "SET idle_in_transaction_session_timeout = '0ms'"
 APPENDS = ("append", "append_one", "append_two")
 _CLAIM_ARGS = (
     ", %(c_agents)s::text[], %(c_limit)s::integer, %(c_topic)s::text, %(c_state)s::bytea,"
-    " %(c_holder)s::text, %(c_lease_ms)s::bigint"
+    " %(c_holder)s::text, %(c_lease_ms)s::bigint, %(c_queues)s::text[]"
 )
 
 
@@ -502,6 +503,15 @@ class PostgresRunStore(PostgresRunIds, PostgresSchedules, PostgresSignals, Claim
                 with conn.transaction():
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_journal_from"], {"run_id": run.id, "position": cut})
+            elif priority_changed(run):
+                # An operator's PriorityChanged (rare): steptrail_append writes no queue or
+                # priority (nothing else changes them), so the new priority goes into the
+                # row in the append's transaction, after its fence (ADR 0077).
+                with conn.transaction():
+                    conn.execute(self.q[name], params, prepare=True)
+                    conn.execute(
+                        self.q["set_priority"], {"run_id": run.id, "priority": run.state.priority}
+                    )
             elif not (run.state.status.is_terminal and keeps_request(run.state)):
                 if then_claim is None:
                     conn.execute(self.q[name], params, prepare=True)
@@ -571,9 +581,21 @@ class PostgresRunStore(PostgresRunIds, PostgresSchedules, PostgresSignals, Claim
         return params
 
     def claim_batch(
-        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+        self,
+        *,
+        holder: str,
+        lease_ms: int,
+        agents: Sequence[str],
+        limit: int,
+        queues: Sequence[str] | None = None,
     ) -> list[ClaimedRun]:
-        request = ClaimRequest(holder=holder, lease_ms=lease_ms, agents=tuple(agents), limit=limit)
+        request = ClaimRequest(
+            holder=holder,
+            lease_ms=lease_ms,
+            agents=tuple(agents),
+            limit=limit,
+            queues=None if queues is None else tuple(queues),
+        )
         params = _claim_params(request, prefix="")
         with self._connection() as conn:
             if conn in self._claim_prepared:
@@ -1027,7 +1049,7 @@ class _PgTx:
 _ROW_COLUMNS = (
     "run_id", "agent", "status", "version", "segment", "holder", "lease_ms", "claim_version",
     "requeue_count", "reason", "idempotency_key", "doc",
-    "lease_expires_at", "available_at", "created_at", "updated_at",
+    "lease_expires_at", "available_at", "created_at", "updated_at", "queue", "priority",
 )  # fmt: skip
 
 # insert_runs' parameters: one array per column, named after the single insert's parameter.
@@ -1048,6 +1070,8 @@ _MANY_COLUMNS = {
     "topic": "topics",
     "state": "states",
     "request": "requests",
+    "queue": "queues",
+    "priority": "priorities",
 }
 
 
@@ -1072,7 +1096,8 @@ def _claim_params(request: ClaimRequest, *, prefix: str) -> dict[str, Any]:
     """The `claim` query's parameters (`prefix`ed as steptrail_append_claim's are)."""
     topic, state = claimed_event(request.holder, request.lease_ms)
     return {
-        f"{prefix}agents": list(request.agents),
+        f"{prefix}agents": list(dict.fromkeys(request.agents)),
+        f"{prefix}queues": None if request.queues is None else list(dict.fromkeys(request.queues)),
         f"{prefix}topic": topic,
         f"{prefix}state": state,
         f"{prefix}holder": request.holder,

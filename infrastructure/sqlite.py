@@ -36,6 +36,7 @@ from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.run_ids import SQLiteRunIds
 from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
+from steptrail.infrastructure.sqlite_queues import pick as pick_claimable
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
@@ -929,23 +930,30 @@ class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteSignals, ClaimsOne):
             cur.execute(self.q["drop_journal"], {"run_id": run_hex})
 
     def claim_batch(
-        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+        self,
+        *,
+        holder: str,
+        lease_ms: int,
+        agents: Sequence[str],
+        limit: int,
+        queues: Sequence[str] | None = None,
     ) -> list[ClaimedRun]:
-        request = ClaimRequest(holder=holder, lease_ms=lease_ms, agents=tuple(agents), limit=limit)
+        request = ClaimRequest(
+            holder=holder,
+            lease_ms=lease_ms,
+            agents=tuple(agents),
+            limit=limit,
+            queues=None if queues is None else tuple(queues),
+        )
         with self._write() as (cur, at):
             rows = self._claim_rows(cur, at, request)
         return self._claimed(rows, request, at)
 
     def _claim_rows(self, cur: sqlite3.Cursor, at: int, request: ClaimRequest) -> list[sqlite3.Row]:
         """Inside a write transaction: lock nothing more (the database's write lock is held),
-        pick up to `request.limit` runs and write their Claimed events and rows."""
-        agents, limit = request.agents, request.limit
-        rows: list[sqlite3.Row] = []
-        for agent in dict.fromkeys(agents):
-            cur.execute(self.q["claim"], {"agent": agent, "limit": limit, "now": at})
-            rows += cur.fetchall()
-        if len(agents) > 1:  # each agent's batch is in claim order; merge them
-            rows = sorted(rows, key=lambda r: (r["available_at"], r["run_id"]))[:limit]
+        pick up to `request.limit` runs (queues and priorities: `sqlite_queues`) and write
+        their Claimed events and rows."""
+        rows = pick_claimable(cur, self.q, request, at)
         if rows:
             topic, state = claimed_event(request.holder, request.lease_ms)
             cur.executemany(

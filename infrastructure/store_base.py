@@ -210,12 +210,27 @@ class ClaimsOne:
     """`claim` as a batch of one, for stores whose `claim_batch` does the work."""
 
     def claim_batch(
-        self, *, holder: str, lease_ms: int, agents: Sequence[str], limit: int
+        self,
+        *,
+        holder: str,
+        lease_ms: int,
+        agents: Sequence[str],
+        limit: int,
+        queues: Sequence[str] | None = None,
     ) -> list[ClaimedRun]:
         raise NotImplementedError
 
-    def claim(self, *, holder: str, lease_ms: int, agents: Sequence[str]) -> ClaimedRun | None:
-        claimed = self.claim_batch(holder=holder, lease_ms=lease_ms, agents=agents, limit=1)
+    def claim(
+        self,
+        *,
+        holder: str,
+        lease_ms: int,
+        agents: Sequence[str],
+        queues: Sequence[str] | None = None,
+    ) -> ClaimedRun | None:
+        claimed = self.claim_batch(
+            holder=holder, lease_ms=lease_ms, agents=agents, limit=1, queues=queues
+        )
         return claimed[0] if claimed else None
 
 

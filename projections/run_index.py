@@ -36,6 +36,8 @@ COLUMN_FIELDS: tuple[str, ...] = (
     "requeue_count",
     "reason",
     "idempotency_key",
+    "queue",
+    "priority",
 )
 
 

@@ -57,10 +57,19 @@ class AsyncRuntime:
         *,
         idempotency_key: str | None = None,
         actor: str = "enqueue",
+        queue: str | None = None,
+        priority: int | None = None,
     ) -> UUID:
-        """Queue a run of `agent`; returns its id (fail-closed, as `Runtime.enqueue`)."""
+        """Queue a run of `agent`; returns its id (fail-closed, as `Runtime.enqueue`), on
+        `queue` at `priority` (default: the agent's; ADR 0077)."""
         return await self._call(
-            self.sync.enqueue, agent, request, idempotency_key=idempotency_key, actor=actor
+            self.sync.enqueue,
+            agent,
+            request,
+            idempotency_key=idempotency_key,
+            actor=actor,
+            queue=queue,
+            priority=priority,
         )
 
     async def enqueue_many(
@@ -100,6 +109,10 @@ class AsyncRuntime:
         self, run_id: RunRef, *, by: str = "operator", note: str | None = None
     ) -> RunRow:
         return await self._call(self.sync.cancel, run_id, by=by, note=note)
+
+    async def set_priority(self, run_id: UUID, priority: int, *, by: str = "operator") -> RunRow:
+        """Change a queued or waiting run's claim priority (as `Runtime.set_priority`)."""
+        return await self._call(self.sync.set_priority, run_id, priority, by=by)
 
     async def reap(self, limit: int = 50) -> ReapReport:
         return await self._call(self.sync.reap, limit)
@@ -143,17 +156,24 @@ class AsyncRuntime:
 
     # -- workers ---------------------------------------------------------------------------------
 
-    def worker(self, *, concurrency: int = 1, burst: bool = False) -> Worker:
+    def worker(
+        self, *, concurrency: int = 1, burst: bool = False, queues: Iterable[str] | None = None
+    ) -> Worker:
         """A worker whose async runs share this event loop (its claims and threaded runs
-        use threads of their own). Run it with `await rt.run_worker(worker)`."""
+        use threads of their own), of `queues` only if given (as `Runtime.worker`). Run it
+        with `await rt.run_worker(worker)`."""
         return self.sync.worker(
-            concurrency=concurrency, burst=burst, loop=asyncio.get_running_loop()
+            concurrency=concurrency, burst=burst, loop=asyncio.get_running_loop(), queues=queues
         )
 
-    async def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
+    async def work(
+        self, *, concurrency: int = 1, burst: bool = False, queues: Iterable[str] | None = None
+    ) -> WorkerReport:
         """Claim and execute runs until stopped (burst: until no run is ready); async
         agents run as tasks of this loop, at most `concurrency` runs at once."""
-        return await self.run_worker(self.worker(concurrency=concurrency, burst=burst))
+        return await self.run_worker(
+            self.worker(concurrency=concurrency, burst=burst, queues=queues)
+        )
 
     async def run_worker(self, worker: Worker) -> WorkerReport:
         """Run `worker` until it stops. Cancelling the awaiting task stops it gracefully:

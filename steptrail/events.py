@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from steptrail.domain.queues import PriorityChanged
 from steptrail.domain.run import EVENT_TYPES, Run, RunEvent
 from steptrail.domain.waits import WaitStarted, Woken
 
@@ -67,6 +68,7 @@ __all__ = [
     "EffectPending",
     "Failed",
     "LeaseRenewed",
+    "PriorityChanged",
     "Queued",
     "Reclaimed",
     "Released",

@@ -113,6 +113,7 @@ def run_table(row: RunRow) -> Table:
     pairs: list[tuple[str, Any]] = [
         ("agent", s.agent),
         ("status", s.status.value),
+        ("queue", f"{s.queue} (priority {s.priority})"),
         ("reason", s.reason.value if s.reason else "-"),
         ("version", s.version),
         ("steps", s.steps),
@@ -157,6 +158,8 @@ def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
             table,
             short_id(s.run_id),
             s.status.value,
+            s.queue,
+            str(s.priority),
             s.reason.value if s.reason else "-",
             str(s.steps),
             str(s.requeue_count),
@@ -175,7 +178,8 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
     short = width is not None and width < FULL_IDS_FROM
     table = Table(title=title)
     table.add_column("run", no_wrap=True, min_width=8 if short else 36)
-    for column in ("agent", "status", "reason", "steps", "requeues", "since", "waits for"):
+    columns = ("agent", "status", "queue", "prio", "reason", "steps", "requeues", "since")
+    for column in (*columns, "waits for"):
         table.add_column(column, overflow="fold")
     for row in rows:
         s = row.state
@@ -190,6 +194,8 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
             short_id(s.run_id) if short else str(s.run_id),
             s.agent,
             s.status.value,
+            s.queue,
+            str(s.priority),
             s.reason.value if s.reason else "-",
             str(s.steps),
             str(s.requeue_count),

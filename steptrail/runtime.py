@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 CANCEL_ATTEMPTS = 20
 MAX_KEY_LENGTH = 1000
-ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor")
+ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor", "queue", "priority")
 # The hooks the worker metrics and the tracer override (the others are Telemetry's no-ops):
 # made on first use, they are made by these only (tests/unit/test_cli_imports.py checks).
 METRICS_HOOKS = ("claimed", "segment_started")
@@ -166,8 +166,11 @@ class Runtime(RuntimeViews, RuntimeSchedules):
         *,
         idempotency_key: str | None = None,
         actor: str = "enqueue",
+        queue: str | None = None,
+        priority: int | None = None,
     ) -> UUID:
         """Queue a run of `agent`; returns its id (the existing run's, for a taken key).
+        `queue` and `priority` default to the agent's (ADR 0077).
 
         Fail-closed: an unknown agent or a request that cannot be serialised (or does not
         validate against the agent's request model) raises before anything is written, and
@@ -175,10 +178,18 @@ class Runtime(RuntimeViews, RuntimeSchedules):
 
         Raises:
             UnknownAgent: no agent of that name is registered.
-            InvalidRequest: the request cannot be serialised or does not validate.
+            InvalidRequest: the request cannot be serialised or does not validate, or the
+                queue or priority is not one the App accepts.
             StoreUnavailable: the write failed.
         """
-        return self.enqueue_once(agent, request, idempotency_key=idempotency_key, actor=actor)[0]
+        return self.enqueue_once(
+            agent,
+            request,
+            idempotency_key=idempotency_key,
+            actor=actor,
+            queue=queue,
+            priority=priority,
+        )[0]
 
     def enqueue_once(
         self,
@@ -187,11 +198,14 @@ class Runtime(RuntimeViews, RuntimeSchedules):
         *,
         idempotency_key: str | None = None,
         actor: str = "enqueue",
+        queue: str | None = None,
+        priority: int | None = None,
     ) -> tuple[UUID, bool]:
         """`enqueue`, also saying whether the run is new (False: the idempotency key's run
         existed already and is returned)."""
         body = self._checked(agent, request, idempotency_key, actor)
-        run, probe = self._new_queued(agent, body, idempotency_key, actor)
+        placed = placement(self.app, agent, queue, priority)
+        run, probe = self._new_queued(agent, body, idempotency_key, actor, placed)
         stored: Run | None = None
         try:
             stored = self.store.create(run, request=body)
@@ -241,7 +255,7 @@ class Runtime(RuntimeViews, RuntimeSchedules):
         checked = self._checked_items(items, actor)
         first: dict[str, int] = {}  # idempotency key -> the first item that has it
         unique: list[int] = []
-        for index, (_, _, key, _) in enumerate(checked):
+        for index, (_, _, key, _, _) in enumerate(checked):
             if key is None or key not in first:
                 unique.append(index)
                 if key is not None:
@@ -270,7 +284,7 @@ class Runtime(RuntimeViews, RuntimeSchedules):
             if progress is not None:
                 progress(done, len(unique))
         result: list[UUID] = []
-        for index, (_, _, key, _) in enumerate(checked):
+        for index, (_, _, key, _, _) in enumerate(checked):
             found = ids[index] if key is None else ids[first[key]]
             assert found is not None, "every item's run was written or found"
             result.append(found)
@@ -278,7 +292,7 @@ class Runtime(RuntimeViews, RuntimeSchedules):
 
     def _checked_items(
         self, items: Iterable[Mapping[str, Any]], actor: str
-    ) -> list[tuple[str, bytes, str | None, str]]:
+    ) -> list[tuple[str, bytes, str | None, str, tuple[str, int]]]:
         checked = []
         for index, item in enumerate(items):
             try:
@@ -303,7 +317,7 @@ class Runtime(RuntimeViews, RuntimeSchedules):
 
     def _checked_item(
         self, item: Mapping[str, Any], actor: str
-    ) -> tuple[str, bytes, str | None, str]:
+    ) -> tuple[str, bytes, str | None, str, tuple[str, int]]:
         if not isinstance(item, Mapping):
             raise InvalidRequest("an item must be an object with an agent and a request")
         unknown = sorted(str(k) for k in item if k not in ITEM_FIELDS)
@@ -320,10 +334,17 @@ class Runtime(RuntimeViews, RuntimeSchedules):
         who = item.get("actor", actor)
         if not isinstance(who, str):
             raise InvalidRequest("an actor must be a string")
-        return agent, self._checked(agent, item.get("request"), key, who), key, who
+        body = self._checked(agent, item.get("request"), key, who)
+        placed = placement(self.app, agent, item.get("queue"), item.get("priority"))
+        return agent, body, key, who, placed
 
     def _new_queued(
-        self, agent: str, body: bytes, key: str | None, actor: str
+        self,
+        agent: str,
+        body: bytes,
+        key: str | None,
+        actor: str,
+        placed: tuple[str, int] = ("default", 0),
     ) -> tuple[Run, CreationProbe]:
         """A new queued run for a checked request body, with its telemetry probe."""
         run_id = new_run_id()
@@ -335,6 +356,8 @@ class Runtime(RuntimeViews, RuntimeSchedules):
             actor=actor,
             idempotency_key=key,
             trace_parent=probe.trace_parent,
+            queue=placed[0],
+            priority=placed[1],
         )
         return run, probe
 
@@ -379,12 +402,16 @@ class Runtime(RuntimeViews, RuntimeSchedules):
         burst: bool = False,
         on_result: Callable[[SegmentResult], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Worker:
         """A worker over this runtime's store and agents (call `.run()`, `.stop()`).
 
         Runs of async agents share one event loop: `loop` if given (it must be running in
-        another thread), else one the worker starts for them."""
+        another thread), else one the worker starts for them. `queues`: claim only runs of
+        these (each one of the App's queues, else UnknownQueue); None: of every queue."""
         from steptrail.workers.worker import Worker
+
+        served = None if queues is None else self.app.check_queues(queues)
 
         return Worker(
             self.store,
@@ -397,11 +424,15 @@ class Runtime(RuntimeViews, RuntimeSchedules):
             on_result=on_result,
             loop=loop,
             telemetry=self.telemetry,
+            queues=served,
         )
 
-    def work(self, *, concurrency: int = 1, burst: bool = False) -> WorkerReport:
-        """Claim and execute runs until stopped (burst: until no run is ready)."""
-        return self.worker(concurrency=concurrency, burst=burst).run()
+    def work(
+        self, *, concurrency: int = 1, burst: bool = False, queues: Iterable[str] | None = None
+    ) -> WorkerReport:
+        """Claim and execute runs until stopped (burst: until no run is ready), of `queues`
+        only if given (see `worker`)."""
+        return self.worker(concurrency=concurrency, burst=burst, queues=queues).run()
 
     def reaper(self) -> Reaper:
         from steptrail.workers.holders import holder_name
@@ -438,6 +469,24 @@ class Runtime(RuntimeViews, RuntimeSchedules):
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def set_priority(self, run_id: RunRef, priority: int, *, by: str = "operator") -> RunRow:
+        """Change the claim priority of a queued or waiting run (ADR 0077); nothing is
+        written when it has that priority already.
+
+        Raises:
+            InvalidRequest: the priority is not an integer in range; nothing written.
+            UnknownRun: no such run.
+            IllegalTransition: the run is running or settled.
+        """
+        from steptrail.workers.queues import set_priority
+
+        run_id = self.resolve(run_id)
+        try:
+            set_priority(self.store, run_id, priority, actor=by, log=self.log)
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from None
+        return self.get(run_id)
 
     def signal(
         self, run_id: RunRef, name: str, payload: Any = None, *, by: str = "api"
@@ -663,6 +712,19 @@ def checked_enqueue(
         raise InvalidRequest(f"an idempotency key has at most {MAX_KEY_LENGTH} characters")
     check_actor(actor)
     return body
+
+
+def placement(app: App, agent: str, queue: Any, priority: Any) -> tuple[str, int]:
+    """A new run's (queue, priority): those given, else the agent's (ADR 0077).
+
+    Raises:
+        UnknownAgent: no agent of that name in `app`.
+        InvalidRequest: a malformed or unknown queue, a priority out of range.
+    """
+    try:
+        return app.placement(agent, queue, priority)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
 
 
 def request_body(

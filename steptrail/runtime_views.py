@@ -85,10 +85,13 @@ class RuntimeViews:
         reason: TerminationReason | str | None = None,
         limit: int = 50,
         before: RunRef | None = None,
+        queue: str | None = None,
+        min_priority: int | None = None,
     ) -> list[RunRow]:
         """Runs from the index, newest first, filtered (the inbox is `status=
         waiting_for_approval`); with `before`, the page after that run (the last row of
-        the previous page): keyset pages, each costing what it returns (ADR 0042).
+        the previous page): keyset pages, each costing what it returns (ADR 0042). `queue`
+        and `min_priority` narrow the pages the other filters give (ADR 0077).
 
         Raises:
             UnknownRun: `before` names no run.
@@ -100,12 +103,17 @@ class RuntimeViews:
             before = self.resolve(before)
             row = self.get(before)
             key = (row.created_at, before)
-        return self.store.list_rows(
-            status=RunStatus(status).value if status else None,
-            agent=agent,
-            reason=TerminationReason(reason).value if reason else None,
-            limit=limit,
-            before=key,
+        filters = {
+            "status": RunStatus(status).value if status else None,
+            "agent": agent,
+            "reason": TerminationReason(reason).value if reason else None,
+        }
+        if queue is None and min_priority is None:
+            return self.store.list_rows(limit=limit, before=key, **filters)
+        from steptrail.workers.queues import list_placed
+
+        return list_placed(
+            self.store, queue=queue, min_priority=min_priority, limit=limit, before=key, **filters
         )
 
     def get(self, run_id: RunRef) -> RunRow:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
+from steptrail.domain.queues import DEFAULT_PRIORITY, DEFAULT_QUEUE, check_priority, check_queue
 from steptrail.domain.run import RunEvent
 from steptrail.domain.schedules import DEFAULT_GRACE_S, Missed, Schedule
 from steptrail.domain.waits import check_signal_name
@@ -38,11 +39,16 @@ class UnknownAgent(LookupError):
     """No agent is registered under that name."""
 
 
+class UnknownQueue(ValueError):
+    """No agent of the App defaults to that queue and it was not declared (ADR 0077)."""
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     """A registered agent: its function and, optionally, its own privacy level, the pydantic
     model its requests must validate against before anything is written, the default
-    timeout of its steps and the longest one segment of it may run (seconds; ADR 0015)."""
+    timeout of its steps and the longest one segment of it may run (seconds; ADR 0015), and
+    the queue and priority of its runs by default (ADR 0077)."""
 
     name: str
     fn: AgentFn
@@ -50,6 +56,10 @@ class AgentSpec:
     request_model: type[BaseModel] | None = None
     step_timeout: float | None = None
     max_duration: float | None = None
+    # Where its runs go and in which order the claim takes them when the enqueuer names
+    # neither (ADR 0077).
+    queue: str = DEFAULT_QUEUE
+    priority: int = DEFAULT_PRIORITY
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +100,7 @@ class App:
         self._projections: dict[str, Projection] = {}
         self._tool_timeouts: dict[str, float] = {}
         self._signal_schemas: dict[str, type[BaseModel]] = {}
+        self._queues: set[str] = {DEFAULT_QUEUE}
         self._schedules: dict[str, Schedule] = {}
         self.classifier = Classifier()
 
@@ -101,12 +112,16 @@ class App:
         request_model: type[BaseModel] | None = None,
         step_timeout: float | None = None,
         max_duration: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
     ) -> Callable[[F], F]:
         """Register the decorated function as the agent `name` (default: its own name).
 
         `step_timeout` is the default deadline of each of its steps (a tool's own default
         and `ctx.step(..., timeout=)` take precedence); `max_duration` is the longest one
         segment of a run may take before it stops and goes down the retry ladder (seconds).
+        `queue` and `priority` are those of its runs when the enqueuer names none (ADR
+        0077); the queue becomes one of the App's queues.
         """
 
         def register(fn: F) -> F:
@@ -117,6 +132,8 @@ class App:
                 request_model=request_model,
                 step_timeout=step_timeout,
                 max_duration=max_duration,
+                queue=queue,
+                priority=priority,
             )
             return fn
 
@@ -131,9 +148,13 @@ class App:
         request_model: type[BaseModel] | None = None,
         step_timeout: float | None = None,
         max_duration: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         if not name or not name.strip():
             raise ValueError("an agent needs a name")
+        check_queue(queue)
+        check_priority(priority)
         if name in self._agents and self._agents[name].fn is not fn:
             raise ValueError(f"agent {name!r} is registered twice")
         _check_seconds(step_timeout, "step_timeout")
@@ -146,7 +167,48 @@ class App:
             request_model=request_model,
             step_timeout=step_timeout,
             max_duration=max_duration,
+            queue=queue,
+            priority=priority,
         )
+        self._queues.add(queue)
+
+    def queue(self, name: str) -> None:
+        """Declare the queue `name` (ADR 0077): runs may be enqueued to it and workers may
+        serve it. 'default' and every agent's default queue are declared already."""
+        self._queues.add(check_queue(name))
+
+    @property
+    def queues(self) -> list[str]:
+        """The App's queues, sorted: 'default', those declared, the agents' defaults."""
+        return sorted(self._queues)
+
+    def check_queues(self, names: Iterable[str]) -> list[str]:
+        """`names` if each is one of the App's queues; UnknownQueue naming the known ones."""
+        names = list(names)
+        known = ", ".join(self.queues)
+        for name in names:
+            try:
+                check_queue(name)
+            except ValueError as error:
+                raise UnknownQueue(f"{error} (known: {known})") from None
+            if name not in self._queues:
+                raise UnknownQueue(f"unknown queue {name!r} (known: {known})")
+        return names
+
+    def placement(
+        self, agent: str, queue: str | None = None, priority: int | None = None
+    ) -> tuple[str, int]:
+        """The (queue, priority) of a new run of `agent`: those given, else the agent's.
+
+        Raises:
+            UnknownAgent: no such agent.
+            ValueError: a malformed queue name or priority out of range; UnknownQueue (a
+                ValueError) for a queue the App does not know.
+        """
+        spec = self.get(agent)
+        chosen = spec.queue if queue is None else queue
+        self.check_queues([chosen])
+        return chosen, check_priority(spec.priority if priority is None else priority)
 
     def tool(
         self, name: str, *, effect: Effect | str = Effect.READ_ONLY, timeout: float | None = None
@@ -233,11 +295,13 @@ class App:
         privacy: PrivacyLevel | str | None = None,
         step_timeout: float | None = None,
         max_duration: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """Register a LangGraph `StateGraph` (or a graph compiled without a checkpointer) as
         the agent `name`: its request is the graph's input, its result the final state, each
         node a journaled step, `interrupt()` a decision (ADR 0071; needs the `langgraph`
-        extra, imported only here)."""
+        extra, imported only here). `queue` and `priority` as for `agent`."""
         from steptrail.integrations.langgraph import graph_agent
 
         self.add_agent(
@@ -246,6 +310,8 @@ class App:
             privacy=privacy,
             step_timeout=step_timeout,
             max_duration=max_duration,
+            queue=queue,
+            priority=priority,
         )
 
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
@@ -315,7 +381,10 @@ class App:
                 request_model=spec.request_model,
                 step_timeout=spec.step_timeout,
                 max_duration=spec.max_duration,
+                queue=spec.queue,
+                priority=spec.priority,
             )
+        self._queues.update(other._queues)
         self._tools.update(other._tools)
         for name, projection in other._projections.items():
             self.add_projection(name, projection)

@@ -20,7 +20,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,9 +78,12 @@ class Worker:
         loop: asyncio.AbstractEventLoop | None = None,
         store_threads: int | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
+        queues: Sequence[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if queues is not None and not queues:
+            raise ValueError("a worker serves at least one queue (None: every queue)")
         self.store = store
         self.app = app
         self.config = config
@@ -91,6 +94,8 @@ class Worker:
         self.log = (log or structlog.get_logger()).bind(worker_id=self.holder)
         self.on_result = on_result
         self.telemetry = telemetry
+        # The queues whose runs it claims (ADR 0077); None: every queue.
+        self.queues = None if queues is None else tuple(dict.fromkeys(queues))
         self.stopping = threading.Event()
         self.report = WorkerReport(holder=self.holder)
         self._in_flight = 0
@@ -127,8 +132,12 @@ class Worker:
         # the dispatcher claims for the slots that free up together in one statement, and
         # a claim per settle would cost the server more than the round trips it saves.
         if self.concurrency == 1:
-            self._chain = ClaimRequest(holder=self.holder, lease_ms=lease_ms, agents=tuple(agents))
-        self.log.info("worker_started", concurrency=self.concurrency, agents=agents)
+            self._chain = ClaimRequest(
+                holder=self.holder, lease_ms=lease_ms, agents=tuple(agents), queues=self.queues
+            )
+        self.log.info(
+            "worker_started", concurrency=self.concurrency, agents=agents, queues=self.queues
+        )
         backoff = 0.1
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="steptrail-run") as pool:
             while not self.stopping.is_set():
@@ -146,6 +155,7 @@ class Worker:
                         lease_ms=lease_ms,
                         agents=agents,
                         limit=min(free, MAX_CLAIM_BATCH),
+                        queues=self.queues,
                     )
                 # A lost connection is a warning; anything else (a schema changed under a
                 # running worker, a claimed row that does not decode, a bug) is logged with

@@ -111,7 +111,7 @@ def runtime(
     from steptrail.domain.schedules import InvalidSchedule, UnknownSchedule
     from steptrail.infrastructure.factory import ReadOnlyStore
     from steptrail.runtime import InvalidRequest
-    from steptrail.workers.registry import UnknownAgent
+    from steptrail.workers.registry import UnknownAgent, UnknownQueue
 
     rt = _open(ctx, ensure_schema=True, one_shot=not serving, may_migrate=creates, **overrides)
     try:
@@ -119,6 +119,7 @@ def runtime(
     except UnknownAgent as error:
         fail(f"{error}{_agents_hint(ctx)}", 2)
     except (
+        UnknownQueue,
         InvalidRequest,
         InvalidInput,
         InvalidActor,
@@ -152,17 +153,27 @@ def _agents_hint(ctx: typer.Context) -> str:
     return f"; the agents are those of --app/STEPTRAIL_APP {options.app_ref} and the built-in ones"
 
 
-def check_enqueue(ctx: typer.Context, agent: str, body: dict[str, Any], key: str | None) -> None:
-    """Refuse a bad enqueue (unknown agent, request its model rejects, blank key) before a
-    database is opened: bad input creates nothing, not even the schema (ADR 0074)."""
+def check_enqueue(
+    ctx: typer.Context,
+    agent: str,
+    body: dict[str, Any],
+    key: str | None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+) -> None:
+    """Refuse a bad enqueue (unknown agent, request its model rejects, blank key, a queue or
+    priority the App refuses) before a database is opened: bad input creates nothing, not
+    even the schema (ADR 0074, 0077)."""
     from steptrail.domain.errors import InvalidActor
-    from steptrail.runtime import InvalidRequest, checked_enqueue, combined_app
+    from steptrail.runtime import InvalidRequest, checked_enqueue, combined_app, placement
     from steptrail.workers.registry import UnknownAgent
 
     options: Options = ctx.obj
     app = combined_app(load_app(options.app_ref) if options.app_ref else None)
     try:
         checked_enqueue(app, settings_for(ctx), agent, body, key=key, actor="enqueue")
+        placement(app, agent, queue, priority)
     except UnknownAgent as error:
         fail(f"{error}{_agents_hint(ctx)}", 2)
     except (InvalidRequest, InvalidActor) as error:

@@ -87,7 +87,8 @@ def enqueue(
             "--from",
             metavar="FILE",
             help="Enqueue many runs from a JSON Lines file (- for standard input): one object "
-            'per line, {"agent": …, "request": {…}, "idempotency_key": …}. Every line is '
+            'per line, {"agent": …, "request": {…}, "idempotency_key": …, "queue": …, '
+            '"priority": …}. Every line is '
             "checked before anything is written; prints each line's run id, in order.",
         ),
     ] = None,
@@ -95,23 +96,44 @@ def enqueue(
         int,
         typer.Option("--batch", min=1, max=10_000, help="With --from: runs written per statement."),
     ] = ENQUEUE_BATCH,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            help="The queue to put the run on (default: the agent's, else 'default'): one the "
+            "App knows ('default', an agent's queue, or one declared with App.queue).",
+        ),
+    ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            "-p",
+            help="Its claim priority, -100 to 100, higher first (default: the agent's, else 0).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Put a run on the queue and print its id (or many, with --from). Nothing is written if
-    the agent is unknown or the request is not a valid JSON object (with --from: if any line
-    is bad; the error names the line)."""
+    the agent is unknown, the request is not a valid JSON object, or the queue or priority
+    is refused (with --from: if any line is bad; the error names the line)."""
     if source is not None:
-        if request is not None or key is not None:
-            fail("--from reads each run's request and key from its line; drop --request/--key", 2)
+        if request is not None or key is not None or queue is not None or priority is not None:
+            fail(
+                "--from reads each run's request, key, queue and priority from its line; "
+                "drop --request/--key/--queue/--priority",
+                2,
+            )
         _enqueue_from(ctx, source, agent, batch=batch, as_json=as_json)
         return
     if agent is None:
         fail("name the agent to run (or give --from FILE)", 2)
     max_bytes = settings_for(ctx).max_request_bytes
     body = json_object("{}" if request is None else request, "--request", max_bytes=max_bytes)
-    check_enqueue(ctx, agent, body, key)
+    check_enqueue(ctx, agent, body, key, queue=queue, priority=priority)
     with runtime(ctx, creates=True) as rt:
-        run_id = rt.enqueue(agent, body, idempotency_key=key)
+        run_id = rt.enqueue(agent, body, idempotency_key=key, queue=queue, priority=priority)
         if as_json:
             emit_json({"run_id": str(run_id)})
         else:
@@ -290,13 +312,22 @@ def work(
         str,
         typer.Option("--metrics-addr", metavar="ADDR", help="Address the metrics listen on."),
     ] = "0.0.0.0",  # noqa: S104 - Prometheus scrapes workers from other hosts
+    queues: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            help="Claim only runs of this queue (repeat for several; default: every queue). "
+            "A queue the App does not know is refused (exit 2) with the known ones listed.",
+        ),
+    ] = None,
 ) -> None:
-    """Claim and execute queued runs until interrupted. The first Ctrl-C / SIGTERM stops
-    claiming and lets runs in flight finish; a second one exits at once (the reaper then
-    reclaims those runs when their leases expire)."""
+    """Claim and execute queued runs until interrupted, the highest priority first. The first
+    Ctrl-C / SIGTERM stops claiming and lets runs in flight finish; a second one exits at
+    once (the reaper then reclaims those runs when their leases expire)."""
     with runtime(ctx, serving=True, creates=True) as rt:
+        worker = rt.worker(concurrency=concurrency, burst=burst, queues=queues or None)
         server = _serve_worker_metrics(rt, metrics_port, metrics_addr)
-        worker = rt.worker(concurrency=concurrency, burst=burst)
         # The worker's metrics and tracer are made on their first use, which imports
         # prometheus_client and OpenTelemetry in the dispatcher (the main thread). Made here,
         # before the handlers are armed: a SIGTERM landing inside such an import broke
@@ -487,14 +518,31 @@ def runs(
             help="The next page: runs created before this one (the last run of the previous page).",
         ),
     ] = None,
+    queue: Annotated[
+        str | None, typer.Option("--queue", "-q", help="Only runs of this queue.")
+    ] = None,
+    min_priority: Annotated[
+        int | None,
+        typer.Option("--min-priority", help="Only runs of this priority or higher."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List runs, newest first. `--status waiting_for_approval` is the approvers' inbox:
-    what each run waits for (tools, digest) and since when. Each page costs what it
-    returns, however long the history (`--before` the last run shown for the next)."""
+    """List runs, newest first, with their queue and priority. `--status
+    waiting_for_approval` is the approvers' inbox: what each run waits for (tools, digest)
+    and since when. Each page costs what it returns, however long the history (`--before`
+    the last run shown for the next); `--queue` and `--min-priority` read the pages of the
+    other filters until theirs is full."""
     key = parse_run_id(before) if before is not None else None
     with runtime(ctx) as rt:
-        rows = rt.runs(status=status, agent=agent, reason=reason, limit=limit, before=key)
+        rows = rt.runs(
+            status=status,
+            agent=agent,
+            reason=reason,
+            limit=limit,
+            before=key,
+            queue=queue,
+            min_priority=min_priority,
+        )
         if as_json:
             emit_json([row_dict(r) for r in rows])
         else:

@@ -186,3 +186,13 @@ def asks(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
     if ctx.resumed is None:
         ctx.request_input(request["schema"], prompt="?")
     return {"keys": sorted(ctx.resumed.values or {})}
+
+
+@app.agent("heavy_job", queue="heavy", priority=5)
+def heavy_job(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """A run of the `heavy` queue at priority 5 unless its enqueuer says otherwise (ADR
+    0077): `work --queue heavy` serves it, a worker of the default queue never does."""
+    return {"n": request.get("n")}
+
+
+app.queue("bulk")

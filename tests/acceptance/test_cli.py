@@ -47,6 +47,7 @@ def test_help__every_command_explains_itself(sqlite_url: str) -> None:
         "events",
         "retry",
         "console",
+        "priority",
     )
     for command in commands:
         assert command in top.stdout

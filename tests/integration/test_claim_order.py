@@ -104,6 +104,7 @@ def test_claim__availability_is_judged_at_the_claims_start(pg_url: str) -> None:
         "holder": "worker:late",
         "lease_ms": 60_000,
         "limit": 2,
+        "queues": None,
     }
     got: dict[str, Any] = {}
     with psycopg.connect(pg_url, autocommit=True) as locker, locker.transaction():

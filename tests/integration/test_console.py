@@ -79,6 +79,8 @@ def test_pages__every_page_renders(rt: Runtime) -> None:
     page = c.get(f"/runs/{done}").text
     assert "StepRecorded" in page
     assert "Completed" in page
+    assert "queue · priority" in page
+    assert '<span class="mono">default</span> · 0' in page
     inbox = c.get("/inbox").text
     assert short_id(waiting) in inbox
     assert rt.pending(waiting).digest in inbox

@@ -23,9 +23,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
+from steptrail.domain.ports import ClaimRequest
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.sqlfiles import queries
+from steptrail.infrastructure.sqlite_queues import pick
 from tests.conftest import PG_ADMIN_URL, _url_for
 
 LIMIT = 16
@@ -163,17 +166,39 @@ def _scans_of_runs(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # The one statement of steptrail_claim (migration 0018, ADR 0048): lock pass, event, update.
-CLAIM_MARKER = "WITH clock AS MATERIALIZED"
+CLAIM_MARKER = "WITH RECURSIVE clock AS MATERIALIZED"
+CLAIM_INDEX = "steptrail_runs_claim_idx"
 
 
 def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The claim's scans of the run index: the lock pass's walks of the claim index, and the
-    rest (the update finding the picked rows), which must all go by primary key."""
+    rest (the update finding the picked rows), which must all go by primary key. The
+    descents that find the queues and priority levels (ADR 0077) are checked here: each is
+    a scan of the claim index that reads at most one entry per loop."""
     scans = _scans_of_runs(plan)
-    walks = [n for n in scans if n.get("Index Name") == "steptrail_runs_available_idx"]
-    by_key = [n for n in scans if n not in walks]
+    on_claim_index = [n for n in scans if n.get("Index Name") == CLAIM_INDEX]
+    walks = [n for n in on_claim_index if "available_at <= now()" in n.get("Index Cond", "")]
+    descents = [n for n in on_claim_index if n not in walks]
+    assert descents, "the levels are found by descents of the claim index"
+    for n in descents:
+        assert n["Node Type"] in ("Index Scan", "Index Only Scan"), n
+        assert _read(n) <= int(n.get("Actual Loops", 1)), n
+        assert _buffers(n) <= 4 * int(n.get("Actual Loops", 1)) + 4, n
+    by_key = [n for n in scans if n not in on_claim_index]
     assert all(n.get("Index Name") == "steptrail_runs_pkey" for n in by_key), by_key
     return walks, by_key
+
+
+def _queue_descents(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The descents that looked for an agent's next queue (a claim that names none): in the
+    plan either way, run only then."""
+    return [
+        n
+        for n in _scans_of_runs(plan)
+        if n.get("Index Name") == CLAIM_INDEX
+        and "queue > " in n.get("Index Cond", "")
+        and int(n.get("Actual Loops", 0)) > 0
+    ]
 
 
 def _read(node: dict[str, Any]) -> int:
@@ -184,12 +209,13 @@ def _read(node: dict[str, Any]) -> int:
 
 
 def _claim_with_plans(
-    url: str, state: str, agents: list[str]
+    url: str, state: str, agents: list[str], queues: list[str] | None = None
 ) -> tuple[list[Any], list[dict[str, Any]]]:
-    """One claim of a batch for `agents` on a database filled as `state`: its rows, and the
-    plans of every statement it ran."""
+    """One claim of a batch for `agents` (of `queues`, None: every queue) on a database
+    filled as `state`: its rows, and the plans of every statement it ran."""
     params = {
         "agents": agents,
+        "queues": queues,
         "topic": "steptrail.Run.Claimed",
         "state": b"{}",
         "holder": "worker:planner",
@@ -197,23 +223,26 @@ def _claim_with_plans(
         "limit": LIMIT,
     }
     claim = queries("postgres")["claim"]
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         _pg_fill(conn, state)
         got: dict[str, Any] = {}
         plans = _plans(conn, lambda: got.update(rows=conn.execute(claim, params).fetchall()))
     return got["rows"], plans
 
 
+@pytest.mark.parametrize("queues", [None, ["default"]], ids=["every-queue", "one-queue"])
 @pytest.mark.parametrize("state", STATEMENTS)
-def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str) -> None:
-    rows, plans = _claim_with_plans(pg_fresh, state, ["a"])
+def test_pg_claim__walks_the_claim_index_for_one_batch(
+    pg_fresh: str, state: str, queues: list[str] | None
+) -> None:
+    rows, plans = _claim_with_plans(pg_fresh, state, ["a"], queues)
     assert len(rows) == LIMIT
     # The disabled steps' costs must not make the server compile the claim (jit = off).
     assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
     inner = _inner(plans, CLAIM_MARKER)
     walks, by_key = _claim_scans(inner)
     assert [(n["Node Type"], n.get("Index Name")) for n in walks] == [
-        ("Index Scan", "steptrail_runs_available_idx")
+        ("Index Scan", "steptrail_runs_claim_idx")
     ]
     assert _read(walks[0]) <= LIMIT  # not the backlog, nor the other agent's runs ahead
     assert _buffers(walks[0]) <= 4 * LIMIT + 20
@@ -231,6 +260,62 @@ def test_pg_claim__walks_the_claim_index_for_one_batch(pg_fresh: str, state: str
     saved = [n for n in _nodes(inner) if n.get("Relation Name") == "steptrail_saved"]
     assert saved
     assert all("Index Cond" in n and _read(n) <= LIMIT for n in saved), saved
+    # A claim that names its queues looks for none (ADR 0077).
+    assert bool(_queue_descents(inner)) is (queues is None)
+
+
+SLEEPERS = 5_000  # waiting runs of agent a whose deadline is an hour away
+
+
+@pytest.mark.parametrize("queues", [None, ["default"]], ids=["every-queue", "one-queue"])
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_claim__priority_levels_first_and_sleepers_cost_nothing(
+    pg_fresh: str, state: str, queues: list[str] | None
+) -> None:
+    """Priorities 9 and 3 are claimed before the priority-0 backlog, in one batch; the
+    sleepers at each level, after now() in the claim index, are never read (ADR 0077 keeps
+    ADR 0068's promise), and neither is another queue's backlog."""
+    with psycopg.connect(pg_fresh, autocommit=True) as conn:
+        for priority in (0, 3, 9):
+            conn.execute(
+                "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+                " available_at, created_at, updated_at, queue, priority)"
+                " SELECT gen_random_uuid(), 'a', 'waiting_for_timer', 3, 0, '{}'::jsonb,"
+                " now() + interval '1 hour' + g * interval '1 ms', now(), now(), 'default', %s"
+                " FROM generate_series(1, %s) AS g",
+                (priority, SLEEPERS),
+            )
+        conn.execute(
+            "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+            " available_at, created_at, updated_at, queue, priority)"
+            " SELECT gen_random_uuid(), 'a', 'queued', 1, 0, '{}'::jsonb,"
+            " now() - interval '1 minute' + g * interval '1 ms', now(), now(), q, p"
+            " FROM generate_series(1, 5) AS g,"
+            " (VALUES ('default', 9), ('default', 3), ('heavy', 50)) AS v(q, p)"
+        )
+        conn.execute(
+            "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+            " available_at, created_at, updated_at, queue)"
+            " SELECT gen_random_uuid(), 'a', 'queued', 1, 0, '{}'::jsonb,"
+            " now() - interval '2 hours' + g * interval '1 ms', now(), now(), 'heavy'"
+            " FROM generate_series(1, %s) AS g",
+            (BACKLOG,),
+        )
+    rows, plans = _claim_with_plans(pg_fresh, state, ["a"], queues)
+    got = [(row["queue"], row["priority"]) for row in rows]
+    top = [("default", 9)] * 5 + [("default", 3)] * 5
+    if queues is None:  # the heavy queue's 50s first; at 0, its older backlog
+        expected = [("heavy", 50)] * 5 + top + [("heavy", 0)] * (LIMIT - 15)
+    else:
+        expected = top + [("default", 0)] * (LIMIT - 10)
+    assert sorted(got, key=lambda g: -g[1]) == expected
+    inner = _inner(plans, CLAIM_MARKER)
+    walks, _ = _claim_scans(inner)
+    (walk,) = walks  # one walk of the claim index, looped once per level
+    levels = int(walk.get("Actual Loops", 1))
+    assert levels <= 3 * (1 if queues else 2)
+    assert _read(walk) <= levels * LIMIT  # never a sleeper, never the other queue's backlog
+    assert _buffers(walk) <= levels * (4 * LIMIT + 20)
 
 
 @pytest.mark.parametrize("state", STATEMENTS)
@@ -238,11 +323,11 @@ def test_pg_claim__several_agents_still_one_batch_each(pg_fresh: str, state: str
     """A worker serving several agents walks each agent's runs for one batch at most."""
     rows, plans = _claim_with_plans(pg_fresh, state, ["a", "other", "nobody"])
     # The other agent's runs became available first: they are the batch.
-    assert [row[1] for row in rows] == ["other"] * LIMIT  # (run_id, agent, ...)
+    assert [row["agent"] for row in rows] == ["other"] * LIMIT
     inner = _inner(plans, CLAIM_MARKER)
     walks, _ = _claim_scans(inner)
     (scan,) = walks  # one index walk, looped once per agent
-    assert scan["Index Name"] == "steptrail_runs_available_idx"
+    assert scan["Index Name"] == "steptrail_runs_claim_idx"
     assert _read(scan) <= 3 * LIMIT
     assert _buffers(scan) <= 3 * (4 * LIMIT + 20)
 
@@ -344,9 +429,15 @@ def test_sqlite_claim_and_stale__name_their_index_and_never_sort(
 ) -> None:
     q = queries("sqlite")
     conn = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=analysed)
-    claim = _plan(conn, q["claim"], {"agent": "a", "now": NOW_US, "limit": LIMIT})
-    assert any("steptrail_runs_available_idx" in d for d in claim), claim
-    assert not any("TEMP B-TREE" in d for d in claim), claim
+    level = {"agent": "a", "queue": "default", "priority": 0, "now": NOW_US, "limit": LIMIT}
+    for name, params in (
+        ("claim", level),
+        ("claim_queue_after", {"agent": "a", "after": ""}),
+        ("claim_level_below", {"agent": "a", "queue": "default", "below": 2**62}),
+    ):
+        claim = _plan(conn, q[name], params)
+        assert any("steptrail_runs_claim_idx" in d for d in claim), (name, claim)
+        assert not any("TEMP B-TREE" in d for d in claim), (name, claim)
     stale = _plan(conn, q["select_stale"], {"now": NOW_US, "limit": 100})
     assert any("steptrail_runs_lease_idx" in d for d in stale), stale
     assert not any("TEMP B-TREE" in d for d in stale), stale
@@ -359,8 +450,9 @@ def test_sqlite_claim_and_stale__cost_does_not_grow_with_the_backlog(tmp_path: P
     q = queries("sqlite")
     small = _sqlite_db(tmp_path, backlog=500, running=200, analysed=False)
     large = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=False)
+    level = {"agent": "a", "queue": "default", "priority": 0, "now": NOW_US, "limit": LIMIT}
     cases = [
-        (q["claim"], {"agent": "a", "now": NOW_US, "limit": LIMIT}, LIMIT),
+        (q["claim"], level, LIMIT),
         (q["select_stale"], {"now": NOW_US, "limit": 100}, EXPIRED),
         (
             "SELECT count(*) FROM steptrail_runs INDEXED BY steptrail_runs_lease_idx "
@@ -376,3 +468,65 @@ def test_sqlite_claim_and_stale__cost_does_not_grow_with_the_backlog(tmp_path: P
         assert many <= few * 1.2 + 50, (sql[:60], few, many)
     # The stale count really is the one queue_health runs.
     assert "INDEXED BY steptrail_runs_lease_idx" in q["queue_health"]
+
+
+def _pick_steps(conn: sqlite3.Connection, queues: tuple[str, ...] | None) -> tuple[int, list[Any]]:
+    """Virtual machine instructions of the whole claim walk (queues, levels, batches)."""
+    request = ClaimRequest(holder="h", lease_ms=1, agents=("a",), limit=LIMIT, queues=queues)
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+
+    conn.set_progress_handler(tick, 1)
+    try:
+        rows = pick(conn.cursor(), queries("sqlite"), request, NOW_US)
+    finally:
+        conn.set_progress_handler(None, 0)
+    return count[0], rows
+
+
+def _add_levels(conn: sqlite3.Connection, sleepers: int) -> None:
+    """Five due runs at priority 9 and at 3, and `sleepers` waiting runs an hour away at
+    each of 0, 3 and 9, all of agent a in the default queue."""
+    insert = (
+        "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
+        " INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+        " available_at, created_at, updated_at, priority)"
+        " SELECT lower(hex(randomblob(16))), 'a', :status, 2, 0, '{}', :at + i, :now, :now, :p"
+        " FROM g"
+    )
+    for p in (9, 3):
+        conn.execute(
+            insert, {"n": 5, "status": "queued", "at": NOW_US - 10**6, "now": NOW_US, "p": p}
+        )
+    for p in (0, 3, 9):
+        conn.execute(
+            insert,
+            {
+                "n": sleepers,
+                "status": "waiting_for_timer",
+                "at": NOW_US + 3600 * 10**6,
+                "now": NOW_US,
+                "p": p,
+            },
+        )
+    conn.commit()
+
+
+@pytest.mark.parametrize("queues", [None, ("default",)], ids=["every-queue", "one-queue"])
+def test_sqlite_claim__levels_first_and_sleepers_cost_nothing(
+    tmp_path: Path, queues: tuple[str, ...] | None
+) -> None:
+    """The walk takes priority 9, then 3, then the backlog at 0, in one batch; ten times
+    the sleepers at every level and the backlog cost it no more work (ADR 0077)."""
+    small = _sqlite_db(tmp_path, backlog=500, running=200, analysed=False)
+    large = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=False)
+    _add_levels(small, 500)
+    _add_levels(large, 5_000)
+    few, got_few = _pick_steps(small, queues)
+    many, got_many = _pick_steps(large, queues)
+    for rows in (got_few, got_many):
+        assert [r["priority"] for r in rows] == [9] * 5 + [3] * 5 + [0] * (LIMIT - 10)
+    assert many <= few * 1.2 + 50, (few, many)

@@ -59,7 +59,7 @@ def test_encode_event__a_step_is_the_bytes_model_dump_json_gives(event: Any) -> 
 
 def test_run_events__are_all_current_and_all_covered() -> None:
     """Every event class the run defines is at version 1 (no `_v` to add) and generated."""
-    assert len(RUN_EVENTS) == 20  # with the waits (ADR 0073)
+    assert len(RUN_EVENTS) == 21  # with the waits (ADR 0073) and PriorityChanged (ADR 0077)
     assert all(cls.VERSION == 1 for cls in RUN_EVENTS)
 
 

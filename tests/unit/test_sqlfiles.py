@@ -40,6 +40,13 @@ BACKEND_ONLY: dict[str, str] = {
         "SQLite's after_purge checkpoints",
     ),
     "claim_rows": "SQLite: PostgreSQL's claim updates the rows in its one statement",
+    **dict.fromkeys(
+        ("claim_queue_after", "claim_level_below"),
+        "SQLite: the claim's walk of queues and priority levels, statement by statement in its "
+        "write transaction (PostgreSQL: recursive CTEs of steptrail_claim; ADR 0077)",
+    ),
+    "set_priority": "PostgreSQL: PriorityChanged's column, as steptrail_append writes none "
+    "(SQLite: update_run sets it; ADR 0077)",
     "insert_runs": "PostgreSQL: enqueue_many's one statement per batch (SQLite: executemany "
     "of insert_events, insert_run, put_saved in one transaction; ADR 0044)",
     **dict.fromkeys(
@@ -108,6 +115,8 @@ def test_with_claim__each_append_query_becomes_its_claiming_call() -> None:
         assert head.strip().endswith("SELECT (c.run).*, c.request FROM")
         original = named[name].partition("steptrail_append(")[2].rstrip().removesuffix(";")
         assert call.startswith(original.removesuffix(")"))
-        assert call.endswith("%(c_lease_ms)s::bigint) AS c ORDER BY (c.run).run_id")
+        assert call.endswith(
+            "%(c_lease_ms)s::bigint, %(c_queues)s::text[]) AS c ORDER BY (c.run).run_id"
+        )
     with pytest.raises(ValueError, match="steptrail_append"):
         with_claim(named["claim"])

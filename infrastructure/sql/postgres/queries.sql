@@ -44,7 +44,7 @@ WITH clock AS MATERIALIZED (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at
+        lease_expires_at, available_at, created_at, updated_at, queue, priority
     ) SELECT
         %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
         %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
@@ -53,7 +53,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + %(lease_ms)s::bigint * interval '1 millisecond' END,
         CASE WHEN %(status)s = 'queued'
             THEN clock.at + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-        clock.at, clock.at
+        clock.at, clock.at, %(queue)s, %(priority)s
     FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -86,16 +86,18 @@ WITH clock AS MATERIALIZED (
         %(segments)s::text[], %(holders)s::text[], %(lease_mss)s::bigint[],
         %(claim_versions)s::bigint[], %(requeue_counts)s::integer[], %(reasons)s::text[],
         %(keys)s::text[], %(docs)s::jsonb[], %(retry_delay_mss)s::bigint[],
-        %(topics)s::text[], %(states)s::bytea[], %(requests)s::bytea[]
+        %(topics)s::text[], %(states)s::bytea[], %(requests)s::bytea[],
+        %(queues)s::text[], %(priorities)s::integer[]
     ) WITH ORDINALITY AS g(
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
-        requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request, ord
+        requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request,
+        queue, priority, ord
     )
 ), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at
+        lease_expires_at, available_at, created_at, updated_at, queue, priority
     ) SELECT
         g.run_id, g.agent, g.status, g.version, g.segment, g.holder, g.lease_ms,
         g.claim_version, g.requeue_count, g.reason, g.idempotency_key, g.doc,
@@ -103,7 +105,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + g.lease_ms * interval '1 millisecond' END,
         CASE WHEN g.status = 'queued'
             THEN clock.at + g.retry_delay_ms * interval '1 millisecond' END,
-        clock.at, clock.at
+        clock.at, clock.at, g.queue, g.priority
     FROM given AS g, clock
     ORDER BY g.ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -195,6 +197,12 @@ WITH journal AS (
 )
 DELETE FROM steptrail_saved WHERE run_id = %(run_id)s AND kind <> 'request';
 
+-- name: set_priority
+-- PostgreSQL: a PriorityChanged append's new priority, in its transaction after
+-- steptrail_append took the row's lock and checked the fence (ADR 0077); no other append
+-- changes a run's queue or priority, so steptrail_append leaves both columns as they are.
+UPDATE steptrail_runs SET priority = %(priority)s WHERE run_id = %(run_id)s;
+
 -- name: drop_journal_from
 -- `retry --from N` (ADR 0070): the journal entries at positions N and later go in the same
 -- transaction as the Retried append, after it (steptrail_append took the run's row lock and
@@ -205,7 +213,8 @@ DELETE FROM steptrail_journal WHERE run_id = %(run_id)s AND position >= %(positi
 
 
 -- name: claim
--- Take up to `limit` queued runs that became available first, in one statement: lock their
+-- Take up to `limit` runs of the queues asked for (NULL: every queue), the highest priority
+-- first, then those that became available first (ADR 0077), in one statement: lock their
 -- rows (skipping rows other claimers hold), append Claimed at each one's next version, and
 -- update the rows to running under the new lease. The row is locked before the log is
 -- written, like every writer. The Claimed payload does not depend on the run, so it is
@@ -226,7 +235,7 @@ DELETE FROM steptrail_journal WHERE run_id = %(run_id)s AND position >= %(positi
 SELECT (c.run).*, c.request
 FROM steptrail_claim(
     %(agents)s::text[], %(limit)s::integer, %(topic)s::text, %(state)s::bytea, %(holder)s::text,
-    %(lease_ms)s::bigint
+    %(lease_ms)s::bigint, %(queues)s::text[]
 ) AS c
 ORDER BY (c.run).run_id;
 -- name: select_run
@@ -396,12 +405,13 @@ DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at
+    lease_expires_at, available_at, created_at, updated_at, queue, priority
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
-    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
+    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
+    %(queue)s, %(priority)s
 )
 ON CONFLICT (run_id) DO UPDATE SET
     agent = excluded.agent, status = excluded.status, version = excluded.version,
@@ -409,18 +419,20 @@ ON CONFLICT (run_id) DO UPDATE SET
     claim_version = excluded.claim_version, requeue_count = excluded.requeue_count,
     reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
     lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
-    created_at = excluded.created_at, updated_at = excluded.updated_at
+    created_at = excluded.created_at, updated_at = excluded.updated_at,
+    queue = excluded.queue, priority = excluded.priority
 WHERE (
     steptrail_runs.agent, steptrail_runs.status, steptrail_runs.version,
     steptrail_runs.segment, steptrail_runs.holder, steptrail_runs.lease_ms,
     steptrail_runs.claim_version, steptrail_runs.requeue_count, steptrail_runs.reason,
     steptrail_runs.idempotency_key, steptrail_runs.doc, steptrail_runs.lease_expires_at,
-    steptrail_runs.available_at, steptrail_runs.created_at, steptrail_runs.updated_at
+    steptrail_runs.available_at, steptrail_runs.created_at, steptrail_runs.updated_at,
+    steptrail_runs.queue, steptrail_runs.priority
 ) IS DISTINCT FROM (
     excluded.agent, excluded.status, excluded.version, excluded.segment, excluded.holder,
     excluded.lease_ms, excluded.claim_version, excluded.requeue_count, excluded.reason,
     excluded.idempotency_key, excluded.doc, excluded.lease_expires_at, excluded.available_at,
-    excluded.created_at, excluded.updated_at
+    excluded.created_at, excluded.updated_at, excluded.queue, excluded.priority
 );
 
 -- name: insert_missing_row
@@ -431,12 +443,13 @@ WHERE (
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at
+    lease_expires_at, available_at, created_at, updated_at, queue, priority
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
-    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s
+    %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
+    %(queue)s, %(priority)s
 )
 ON CONFLICT (run_id) DO NOTHING;
 
@@ -449,7 +462,7 @@ COPY steptrail_events (originator_id, originator_version, topic, state, recorded
 COPY steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at
+    lease_expires_at, available_at, created_at, updated_at, queue, priority
 ) FROM STDIN;
 
 -- name: copy_saved

@@ -39,13 +39,13 @@ VALUES (?, ?, ?, ?, ?, ?);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at
+    lease_expires_at, available_at, created_at, updated_at, queue, priority
 ) VALUES (
     :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
     :requeue_count, :reason, :idempotency_key, :doc,
     CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
     CASE WHEN :status = 'queued' THEN :at + :retry_delay_ms * 1000 END,
-    :at, :at
+    :at, :at, :queue, :priority
 );
 
 -- name: select_runs_by_keys
@@ -68,6 +68,8 @@ UPDATE steptrail_runs SET
     reason = :reason,
     idempotency_key = :idempotency_key,
     doc = :doc,
+    queue = :queue,
+    priority = :priority,
     lease_expires_at = CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
     available_at = CASE
         WHEN :status = 'queued' THEN CASE
@@ -137,18 +139,37 @@ WHERE originator_id = :run_id AND journal IS NOT NULL
   AND json_extract(CAST(journal AS TEXT), '$[1]') >= :position;
 
 
+-- name: claim_queue_after
+-- The claim with no queue named (ADR 0077): the next queue after :after (text order) in which
+-- the agent has a run the claim may take. One descent of the claim index per queue.
+SELECT queue FROM steptrail_runs INDEXED BY steptrail_runs_claim_idx
+WHERE agent = :agent AND queue > :after AND available_at IS NOT NULL
+ORDER BY queue
+LIMIT 1;
+
+-- name: claim_level_below
+-- The highest priority below :below among an (agent, queue)'s runs the claim may take, now
+-- or later: the claim walks the levels from the top, one descent each (ADR 0077).
+SELECT priority FROM steptrail_runs INDEXED BY steptrail_runs_claim_idx
+WHERE agent = :agent AND queue = :queue AND priority < :below AND available_at IS NOT NULL
+ORDER BY priority DESC
+LIMIT 1;
+
 -- name: claim
--- Queued runs, and waiting runs whose deadline passed (ADR 0068). SQLite: the candidates, with their saved requests. Inside the IMMEDIATE transaction nobody
--- else can write; the caller inserts their Claimed events and runs claim_rows, then folds
--- Claimed in Python after the commit, so the write lock is held for SQL work only. One
--- agent per statement (the caller merges several agents' batches): the per-agent claim
--- index then yields the rows in claim order and the walk stops after `limit` (ADR 0037).
+-- Queued runs, and waiting runs whose deadline passed (ADR 0068), of one (agent, queue) at one
+-- priority level (ADR 0077). SQLite: the candidates, with their saved requests. Inside the
+-- IMMEDIATE transaction nobody else can write; the caller walks the levels from the highest,
+-- merges the (agent, queue) pairs' batches, inserts their Claimed events and runs
+-- claim_rows, then folds Claimed in Python after the commit, so the write lock is held for
+-- SQL work only. The claim index yields a level's rows in claim order and the walk stops
+-- after `limit` or at the first run whose time has not come (ADR 0037).
 -- INDEXED BY because SQLite never gathers statistics on its own, and without them it could
 -- rather read every queued run and sort them than walk this index.
 SELECT r.*, s.body AS request
-FROM steptrail_runs AS r INDEXED BY steptrail_runs_available_idx
+FROM steptrail_runs AS r INDEXED BY steptrail_runs_claim_idx
 LEFT JOIN steptrail_saved AS s ON s.run_id = r.run_id AND s.kind = 'request'
-WHERE r.agent = :agent AND r.available_at <= :now AND r.available_at IS NOT NULL
+WHERE r.agent = :agent AND r.queue = :queue AND r.priority = :priority
+  AND r.available_at <= :now AND r.available_at IS NOT NULL
 ORDER BY r.available_at, r.run_id
 LIMIT :limit;
 
@@ -314,11 +335,11 @@ DELETE FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi;
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at
+    lease_expires_at, available_at, created_at, updated_at, queue, priority
 ) VALUES (
     :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
     :requeue_count, :reason, :idempotency_key, :doc,
-    :lease_expires_at, :available_at, :created_at, :updated_at
+    :lease_expires_at, :available_at, :created_at, :updated_at, :queue, :priority
 );
 
 -- name: store_now
