@@ -240,7 +240,7 @@ def test_check__a_request_the_agent_refuses_stops_the_scheduler_before_it_fires(
     app.schedule("0 7 * * *", "missing", name="orphan")
     rt = make_runtime(db_url, app=app)
     try:
-        with pytest.raises(InvalidSchedule, match="'digest'.*team"):
+        with pytest.raises(InvalidSchedule, match=r"'digest'.*team"):
             rt.scheduler()
         assert rt.schedules() == []  # nothing stored, nothing fired
     finally:
