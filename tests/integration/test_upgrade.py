@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -280,3 +281,36 @@ def test_upgrade__waiting_runs_and_kept_signals_survive(upgraded: Runtime) -> No
     assert rt.get(sleeper.run_id).status is RunStatus.WAITING_FOR_TIMER
     catch_up(rt)
     assert rt.verify() == []
+
+
+SCHEDULED = [v for v in VERSIONS if v >= 33]  # schedules (ADR 0076)
+
+
+@pytest.mark.parametrize("upgraded", SCHEDULED, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__schedules_survive_with_their_pause_and_next_tick(upgraded: Runtime) -> None:
+    """The schedules of a schema-33 database outlive the upgrade: the same definitions, the
+    operator's pause, the next tick; the scheduler reconciles them unchanged and fires the
+    active one once its tick is due (moved into the past here), one run per tick."""
+    rt = upgraded
+    rows = {row.name: row for row in rt.schedules()}
+    assert set(rows) == {"fixture-daily", "fixture-paused"}
+    assert (rows["fixture-daily"].schedule.cron, rows["fixture-daily"].paused) == (
+        "0 7 * * *",
+        False,
+    )
+    assert rows["fixture-paused"].paused
+    assert rows["fixture-paused"].schedule.missed.value == "latest"
+    scheduler = rt.scheduler()
+    assert {r.name: r for r in scheduler.reconcile()} == rows  # the code's definitions, kept
+    store: Any = rt.store
+    if store.backend == "sqlite":
+        with store._write() as (cur, at):
+            cur.execute("UPDATE steptrail_schedules SET next_tick_at = :t", {"t": at - 1_000_000})
+    else:
+        with store._connection() as conn:
+            conn.execute(
+                "UPDATE steptrail_schedules SET next_tick_at = now() - interval '1 second'"
+            )
+    report = scheduler.tick_once()
+    assert report.enqueued == 1  # the daily one; the paused one waits for its operator
+    assert scheduler.tick_once().enqueued == 0
