@@ -9,7 +9,7 @@ from uuid import UUID
 
 import pytest
 
-from steptrail import runtime as runtime_module
+from steptrail import runtime_enqueue as runtime_module
 from steptrail.domain.errors import AmbiguousRunId, InvalidRunId, UnknownRun
 from steptrail.domain.ids import run_reference, short_id
 from steptrail.runtime import Runtime
