@@ -158,8 +158,6 @@ def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
             table,
             short_id(s.run_id),
             s.status.value,
-            s.queue,
-            str(s.priority),
             s.reason.value if s.reason else "-",
             str(s.steps),
             str(s.requeue_count),
@@ -174,12 +172,15 @@ FULL_IDS_FROM = 120  # columns: narrower terminals get the short ids (ADR 0074)
 def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None = None) -> Table:
     """The runs, one per line. The id is what people copy, so it is never wrapped or cut:
     in a terminal narrower than FULL_IDS_FROM columns the table shows the last 8 digits,
-    which every command accepts as well (the other columns fold instead)."""
+    which every command accepts as well (the other columns fold instead). A `queue` column
+    (name, and priority when not 0; ADR 0077) is shown when a run of the page is not on
+    the default queue at priority 0, so a narrow terminal keeps its width otherwise."""
     short = width is not None and width < FULL_IDS_FROM
+    placed = any((r.state.queue, r.state.priority) != ("default", 0) for r in rows)
     table = Table(title=title)
     table.add_column("run", no_wrap=True, min_width=8 if short else 36)
-    columns = ("agent", "status", "queue", "prio", "reason", "steps", "requeues", "since")
-    for column in (*columns, "waits for"):
+    columns = ("agent", "status", *(("queue",) if placed else ()), "reason", "steps")
+    for column in (*columns, "requeues", "since", "waits for"):
         table.add_column(column, overflow="fold")
     for row in rows:
         s = row.state
@@ -194,8 +195,7 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
             short_id(s.run_id) if short else str(s.run_id),
             s.agent,
             s.status.value,
-            s.queue,
-            str(s.priority),
+            *((f"{s.queue} ({s.priority})" if s.priority else s.queue,) if placed else ()),
             s.reason.value if s.reason else "-",
             str(s.steps),
             str(s.requeue_count),

@@ -122,7 +122,7 @@ def test_enqueue_from__lines_name_queue_and_priority_and_runs_filters(
     assert sorted(r["priority"] for r in json.loads(ranked.stdout)) == [4, 5]
     table = steptrail("runs", url=sqlite_url, COLUMNS="200").stdout
     assert "queue" in table
-    assert "heavy" in table
+    assert "heavy (5)" in table  # the queue column, with the priority when not 0
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"agent": "scripted"}\n{"agent": "scripted", "queue": "nope"}\n')
     refused = steptrail("enqueue", "--from", str(bad), url=sqlite_url)
