@@ -40,6 +40,7 @@ from steptrail.domain.run import Run, RunEvent
 from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.pg_signals import PostgresSignals
+from steptrail.infrastructure.rate_limits_store import PostgresRateLimits
 from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.run_ids import PostgresRunIds
 from steptrail.infrastructure.schedules_store import PostgresSchedules
@@ -246,7 +247,9 @@ class OneConnection:
                 self._taken.release()
 
 
-class PostgresRunStore(PostgresRunIds, PostgresSchedules, PostgresSignals, ClaimsOne):
+class PostgresRunStore(
+    PostgresRunIds, PostgresSchedules, PostgresRateLimits, PostgresSignals, ClaimsOne
+):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
 
     backend = "postgres"

@@ -33,6 +33,7 @@ from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
 from steptrail.domain.run import Run, RunEvent, RunState
 from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
+from steptrail.infrastructure.rate_limits_store import SQLiteRateLimits
 from steptrail.infrastructure.run_ids import SQLiteRunIds
 from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
@@ -526,7 +527,7 @@ class _PreparedAppend:
     wake: bool
 
 
-class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteSignals, ClaimsOne):
+class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSignals, ClaimsOne):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 
     backend = "sqlite"

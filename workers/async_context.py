@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from steptrail.domain.decisions import DENIED, PendingCall
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.run import Decision
+from steptrail.workers import rate_limits
 from steptrail.workers.context import (
     CallResult,
     LiveStep,
@@ -136,6 +137,8 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = ...,
         args: Any = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     @overload
     async def step(
@@ -147,6 +150,8 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = ...,
         args: Any = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     @overload
     async def step(
@@ -158,6 +163,8 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = ...,
         args: Any = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     async def step(
         self,
@@ -168,18 +175,28 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> Any:
         """Run `fn` as the next step and record it: `RunContext.step` with `fn` awaited.
 
         A journaled step is replayed without calling `fn`. With a `timeout` (or a default
         from the App), the awaitable `fn` returned is cancelled at the deadline and the step
-        fails with `StepTimedOut` (retryable), as a sync step does.
+        fails with `StepTimedOut` (retryable), as a sync step does. `limit` and `tokens` as
+        for `RunContext.step` (ADR 0080): a wait for the grant is awaited, not slept.
 
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
         opened = await self._threads.call(
-            self._core.open_step, kind, name, payload=payload, args=args, timeout=timeout
+            self._core.open_step,
+            kind,
+            name,
+            payload=payload,
+            args=args,
+            timeout=timeout,
+            limit=limit,
+            tokens=tokens,
         )
         return await self._run(opened, fn)
 
@@ -192,6 +209,8 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = ...,
         args: Any = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     @overload
     async def llm(
@@ -202,6 +221,8 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = ...,
         args: Any = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     @overload
     async def llm(
@@ -212,6 +233,8 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = ...,
         args: Any = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     async def llm(
         self,
@@ -221,9 +244,14 @@ class AsyncRunContext:
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> Any:
-        """`step("llm", …)`: a model call; its return value is recorded as `content`."""
-        return await self.step("llm", name, fn, payload=payload, args=args, timeout=timeout)
+        """`step("llm", …)`: a model call; its return value is recorded as `content`.
+        `limit` and `tokens`: its rate limit and estimate (see `RunContext.step`)."""
+        return await self.step(
+            "llm", name, fn, payload=payload, args=args, timeout=timeout, limit=limit, tokens=tokens
+        )
 
     @overload
     async def tool(
@@ -276,6 +304,8 @@ class AsyncRunContext:
         if isinstance(opened, Replayed):
             return opened.value
         core = self._core
+        if opened.rate is not None:  # its grant: each try on a store thread, waits awaited
+            opened = await rate_limits.acquire_async(core, self._threads, opened)
         fn = core.live_callable(opened, fn)
         deactivate = opened.probe.activate()  # in this task: spans the step makes nest
         try:

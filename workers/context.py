@@ -57,9 +57,10 @@ from steptrail.domain.limits import (
     check_size,
 )
 from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
+from steptrail.domain.rate_limits import RateLimit
 from steptrail.domain.run import DECISION_STEP, Decision, Run
 from steptrail.domain.schemas import check_schema
-from steptrail.workers import waits
+from steptrail.workers import rate_limits, waits
 from steptrail.workers.context_parts import (  # re-exported: split out (ADR 0073)
     AwaitableInSyncStep,
     CallResult,
@@ -124,8 +125,10 @@ class RunContext:
         classify: Callable[[BaseException], FailureClass] = classify,
         deadlines: Deadlines | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rate_limits: Mapping[str, RateLimit] | None = None,
     ) -> None:
         self._segment = segment
+        self._rate_limits = rate_limits or {}
         self._declared_tools = declared_tools
         self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
@@ -465,6 +468,8 @@ class RunContext:
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> T:
         """Run `fn` as the next step and record it (kind, name, duration, payload, result).
 
@@ -482,10 +487,16 @@ class RunContext:
         on. With a `timeout` (or a default from the App), `fn` runs on a helper thread and
         `StepTimedOut` is raised at the deadline; `fn` must not use `ctx`.
 
+        With `limit` (an `App.rate_limit`), a live step first takes a grant of that limit
+        for itself and `tokens` estimated tokens, waiting (or suspending) until the window
+        allows; `Recorded(value, tokens=n)` corrects the estimate (ADR 0080).
+
         Raises:
             LeaseLost: the run was lost or cancelled; nothing more may be recorded.
         """
-        opened = self.open_step(kind, name, payload=payload, args=args, timeout=timeout)
+        opened = self.open_step(
+            kind, name, payload=payload, args=args, timeout=timeout, limit=limit, tokens=tokens
+        )
         if isinstance(opened, Replayed):
             return opened.value  # type: ignore[no-any-return]
         return self._run_live(opened, fn)
@@ -498,9 +509,14 @@ class RunContext:
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> T:
-        """`step("llm", …)`: a model call; its return value is recorded as `content`."""
-        return self.step("llm", name, fn, payload=payload, args=args, timeout=timeout)
+        """`step("llm", …)`: a model call; its return value is recorded as `content`.
+        `limit` and `tokens`: its rate limit and estimate (see `step`)."""
+        return self.step(
+            "llm", name, fn, payload=payload, args=args, timeout=timeout, limit=limit, tokens=tokens
+        )
 
     def tool(
         self,
@@ -539,6 +555,8 @@ class RunContext:
         payload: Mapping[str, Any] | None = None,
         args: Any = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> LiveStep | Replayed:
         """Everything before a step's callable runs: its journal entry if it has one
         (`Replayed`; a recorded error is raised again as `ReplayedError`), else the step
@@ -549,16 +567,18 @@ class RunContext:
             NonDeterministic: the journal recorded another step at this position.
             ReplayedError: the recorded step had raised; raised again.
             RunTimedOut: the segment is past its `max_duration`.
+            InvalidRateLimit, UnknownRateLimit: `limit`/`tokens` refused (nothing written).
         """
+        rate = rate_limits.claim(self._rate_limits, limit, tokens)
         call = StepCall(kind, name, fingerprint(jsonable(args if args is not None else payload)))
         entry = self._next(call)
         if entry is not None:
             return Replayed(_replayed(entry))
-        limit = timeout if timeout is not None else self._deadlines.step_timeout
+        deadline = timeout if timeout is not None else self._deadlines.step_timeout
         self._segment.boundary()
-        limit = self._limit(limit)
+        deadline = self._limit(deadline)
         probe = self._segment.probe.step_started(kind, name, self.next_seq)
-        return LiveStep(call, payload, limit, time.perf_counter(), probe=probe)
+        return LiveStep(call, payload, deadline, time.perf_counter(), probe=probe, rate=rate)
 
     def open_tool(
         self,
@@ -608,6 +628,8 @@ class RunContext:
         its record and journal entry (appended at the next boundary, or now for a write
         tool, ADR 0014). Returns the value the agent gets (`outcome` without `Recorded`)."""
         value, extra = (None, None) if error is not None else _unwrap(outcome)
+        if step.rate is not None:
+            rate_limits.settle(self, step.rate, extra, error)
         try:
             # May raise PayloadRejected after recording the step as rejected (ADR 0019).
             self._record(
@@ -635,7 +657,7 @@ class RunContext:
         None)` with nothing done: call `close_step` where blocking is fine. The async context
         uses this to skip a thread hand-off for most steps without ever blocking its loop."""
         lock = self._segment.lock
-        if step.write or not lock.acquire(blocking=False):
+        if step.write or step.rate is not None or not lock.acquire(blocking=False):
             return False, None
         try:
             return True, self.close_step(step, outcome=outcome, error=error)
@@ -722,6 +744,8 @@ class RunContext:
         return fn
 
     def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
+        if step.rate is not None:
+            step = rate_limits.acquire(self, step)
         fn = self.live_callable(step, fn)
         deactivate = step.probe.activate()
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic_core import to_jsonable_python
 
@@ -31,6 +31,9 @@ from steptrail.domain.journal import (
     StepCall,
 )
 from steptrail.workers.telemetry import NO_STEP, StepProbe
+
+if TYPE_CHECKING:
+    from steptrail.workers.rate_limits import RateClaim
 
 T = TypeVar("T")
 
@@ -140,6 +143,7 @@ class LiveStep:
     started: float
     write: bool = False
     probe: StepProbe = NO_STEP  # its observer (ADR 0033)
+    rate: RateClaim | None = None  # its rate limit's claim and grant (ADR 0080)
 
 
 class RunFailed(Exception):

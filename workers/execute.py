@@ -237,6 +237,7 @@ class Executor:
                 tool_timeout=self.app.timeout_of,
                 max_duration=spec.max_duration,
             ),
+            rate_limits=self.app.rate_limits,
         )
         segment.probe = self.telemetry.segment_started(run)
         self.keeper.track(segment)

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from steptrail.domain.classifier import Classifier
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
 from steptrail.domain.queues import DEFAULT_PRIORITY, DEFAULT_QUEUE, check_priority, check_queue
+from steptrail.domain.rate_limits import DEFAULT_MARGIN_S, InvalidRateLimit, RateLimit
 from steptrail.domain.run import RunEvent
 from steptrail.domain.schedules import DEFAULT_GRACE_S, Missed, Schedule
 from steptrail.domain.waits import check_signal_name
@@ -102,6 +103,7 @@ class App:
         self._signal_schemas: dict[str, type[BaseModel]] = {}
         self._queues: set[str] = {DEFAULT_QUEUE}
         self._schedules: dict[str, Schedule] = {}
+        self._rate_limits: dict[str, RateLimit] = {}
         self.classifier = Classifier()
 
     def agent(
@@ -282,6 +284,40 @@ class App:
         """The schedules this app defines, by name."""
         return dict(self._schedules)
 
+    def rate_limit(
+        self,
+        name: str,
+        *,
+        requests: int | None = None,
+        tokens: int | None = None,
+        per: float,
+        margin: float = DEFAULT_MARGIN_S,
+    ) -> RateLimit:
+        """Define rate limit `name`, shared by every worker of every machine (ADR 0080): at
+        most `requests` steps and `tokens` estimated tokens in any `per` seconds (either or
+        both). Steps consume it with `ctx.llm(..., limit=name, tokens=estimate)` (or
+        `ctx.step`); every worker stores the definition when it starts. The store judges a
+        window of `per + margin` seconds: `margin` (default 0.2 s) covers the time between
+        the store's grant and the call reaching the provider.
+
+        Raises:
+            InvalidRateLimit: a bad value (nothing is defined), or another definition of
+                the same name.
+        """
+        limit = RateLimit(name, requests, tokens, per, margin)
+        self._add_rate_limit(limit)
+        return limit
+
+    def _add_rate_limit(self, limit: RateLimit) -> None:
+        if self._rate_limits.get(limit.name, limit) != limit:
+            raise InvalidRateLimit(f"a rate limit named {limit.name!r} is already defined")
+        self._rate_limits[limit.name] = limit
+
+    @property
+    def rate_limits(self) -> dict[str, RateLimit]:
+        """The rate limits this app defines, by name."""
+        return dict(self._rate_limits)
+
     @property
     def signal_schemas(self) -> dict[str, type[BaseModel]]:
         """The declared signal payloads, by name."""
@@ -394,6 +430,8 @@ class App:
             if self._schedules.get(schedule.name, schedule) != schedule:
                 raise ValueError(f"a schedule named {schedule.name!r} is already defined")
             self._schedules[schedule.name] = schedule
+        for limit in other._rate_limits.values():
+            self._add_rate_limit(limit)
         for exc_type, failure_class in other.classifier._mappings.items():
             self.classifier.register(exc_type, failure_class)
 

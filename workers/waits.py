@@ -87,7 +87,7 @@ def sleep(ctx: RunContext, seconds: float, name: str) -> None:
     if ms == 0 or woken_at(ctx._segment.run.state, WaitKind.TIMER, seq, call.name):
         _record(ctx, call, {"slept_ms": ms}, {"slept_ms": ms})
         return
-    _suspend(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
+    suspend(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
 
 
 def sleep_until(ctx: RunContext, when: datetime, name: str) -> None:
@@ -124,7 +124,7 @@ def wait_event(ctx: RunContext, name: str, timeout: float | None) -> Any:
         raise WaitTimedOut(f"event {name!r}", timeout)
     try:
         guard = SignalGuard(name, consumed.get(name, 0))
-        _suspend(ctx, WaitKind.EVENT, seq=seq, name=name, ms=ms, guard=guard)
+        suspend(ctx, WaitKind.EVENT, seq=seq, name=name, ms=ms, guard=guard)
     except SignalArrived as arrived:  # it landed while the run was running: take it now
         return _take(ctx, call, arrived.signal)
 
@@ -155,7 +155,7 @@ def _record(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any)
     probe.close()
 
 
-def _suspend(
+def suspend(
     ctx: RunContext,
     kind: WaitKind,
     *,
@@ -164,6 +164,8 @@ def _suspend(
     ms: int | None,
     guard: SignalGuard | None,
 ) -> Never:
+    """Suspend the run on a wait (one fenced append of `WaitStarted`) and end the agent
+    function here; also the rate limit's long wait (workers/rate_limits.py)."""
     ctx.note_replay()
 
     def wait(run: Run) -> None:

@@ -41,6 +41,7 @@ from steptrail.workers.execute import (
 )
 from steptrail.workers.holders import holder_name as holder_name  # noqa: PLC0414 - its old home
 from steptrail.workers.lease import LeaseKeeper
+from steptrail.workers.rate_limits import store_definitions
 from steptrail.workers.registry import App
 from steptrail.workers.segment import NextClaim
 from steptrail.workers.store_threads import DEFAULT_STORE_THREADS, StoreThreads
@@ -116,6 +117,7 @@ class Worker:
             wake()
 
     def run(self) -> WorkerReport:
+        store_definitions(self.store, self.app.rate_limits)  # shared by every worker (ADR 0080)
         keeper = LeaseKeeper(self.config.lease_s)
         executor = Executor(
             self.store,

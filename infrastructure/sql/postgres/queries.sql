@@ -1013,3 +1013,67 @@ WHERE name = %(name)s AND next_tick_at = %(expected)s;
 UPDATE steptrail_schedules SET paused = %(paused)s, updated_at = now(), updated_by = %(by)s
 WHERE name = %(name)s
 RETURNING *, now() AS store_now;
+
+-- name: define_rate_limit
+-- Rate limits (ADR 0080): the definition in code, stored (or changed) by a worker at its
+-- start; a provider's block is kept.
+INSERT INTO steptrail_rate_limits AS l (
+    name, requests, tokens, per_ms, margin_ms, updated_by
+) VALUES (%(name)s, %(requests)s, %(tokens)s, %(per_ms)s, %(margin_ms)s, %(by)s)
+ON CONFLICT (name) DO UPDATE SET
+    requests = excluded.requests, tokens = excluded.tokens, per_ms = excluded.per_ms,
+    margin_ms = excluded.margin_ms, updated_at = now(), updated_by = excluded.updated_by
+WHERE (l.requests, l.tokens, l.per_ms, l.margin_ms)
+    IS DISTINCT FROM (excluded.requests, excluded.tokens, excluded.per_ms, excluded.margin_ms);
+
+-- name: select_rate_limits
+-- Each limit with what its window (per + margin, ending now) holds.
+SELECT l.*, count(g.id) AS used_requests, coalesce(sum(g.tokens), 0) AS used_tokens
+FROM steptrail_rate_limits l
+LEFT JOIN steptrail_rate_grants g
+    ON g.limit_name = l.name
+    AND g.granted_at > clock_timestamp() - (l.per_ms + l.margin_ms) * interval '1 millisecond'
+GROUP BY l.name
+ORDER BY l.name;
+
+-- name: lock_rate_limit
+-- Every acquirer of a limit takes its row's lock first, so grants of one limit are decided
+-- one at a time; the clock is read by the next statements, after the lock is held (see
+-- window_rate_grants).
+SELECT * FROM steptrail_rate_limits WHERE name = %(name)s FOR UPDATE;
+
+-- name: prune_rate_grants
+DELETE FROM steptrail_rate_grants
+WHERE limit_name = %(name)s
+    AND granted_at <= clock_timestamp() - %(window_us)s * interval '1 microsecond';
+
+-- name: window_rate_grants
+-- clock_timestamp(), not now(): now() is the transaction's start, which for an acquirer
+-- that waited for the lock is before the grants of the holders it waited for; a grant
+-- stamped with it would sit earlier in the window than it happened, and the window would
+-- let one more through. Read after the lock, the clock orders grants as they were given.
+-- (READ COMMITTED: this statement's snapshot, taken after the lock, sees those grants.)
+WITH clock AS (SELECT clock_timestamp() AS now)
+SELECT clock.now, g.granted_at, g.tokens
+FROM clock
+LEFT JOIN steptrail_rate_grants g
+    ON g.limit_name = %(name)s
+    AND g.granted_at > clock.now - %(window_us)s * interval '1 microsecond'
+ORDER BY g.granted_at, g.id;
+
+-- name: insert_rate_grant
+INSERT INTO steptrail_rate_grants (limit_name, granted_at, tokens, run_id)
+VALUES (%(name)s, %(now)s, %(tokens)s, %(run_id)s)
+RETURNING id;
+
+-- name: correct_rate_grant
+-- The step reported its real tokens: they replace the estimate in every later decision.
+UPDATE steptrail_rate_grants SET tokens = %(tokens)s WHERE id = %(id)s;
+
+-- name: block_rate_limit
+-- A provider's Retry-After: no grant before then, for every worker; a later block wins.
+UPDATE steptrail_rate_limits
+SET blocked_until = greatest(
+    blocked_until, clock_timestamp() + %(ms)s * interval '1 millisecond'
+)
+WHERE name = %(name)s;

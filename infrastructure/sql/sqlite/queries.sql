@@ -747,3 +747,53 @@ WHERE name = :name AND next_tick_at = :expected;
 -- name: pause_schedule
 UPDATE steptrail_schedules SET paused = :paused, updated_at = :at, updated_by = :by
 WHERE name = :name;
+
+-- name: define_rate_limit
+-- Rate limits (ADR 0080): the definition in code, stored (or changed) by a worker at its
+-- start; a provider's block is kept.
+INSERT INTO steptrail_rate_limits (
+    name, requests, tokens, per_ms, margin_ms, updated_at, updated_by
+) VALUES (:name, :requests, :tokens, :per_ms, :margin_ms, :at, :by)
+ON CONFLICT (name) DO UPDATE SET
+    requests = excluded.requests, tokens = excluded.tokens, per_ms = excluded.per_ms,
+    margin_ms = excluded.margin_ms, updated_at = excluded.updated_at,
+    updated_by = excluded.updated_by
+WHERE requests IS NOT excluded.requests OR tokens IS NOT excluded.tokens
+    OR per_ms <> excluded.per_ms OR margin_ms <> excluded.margin_ms;
+
+-- name: select_rate_limits
+-- Each limit with what its window (per + margin, ending now) holds.
+SELECT l.*, count(g.id) AS used_requests, coalesce(sum(g.tokens), 0) AS used_tokens
+FROM steptrail_rate_limits l
+LEFT JOIN steptrail_rate_grants g
+    ON g.limit_name = l.name AND g.granted_at > :now - (l.per_ms + l.margin_ms) * 1000
+GROUP BY l.name
+ORDER BY l.name;
+
+-- name: lock_rate_limit
+-- SQLite: the IMMEDIATE write transaction around the acquire is the lock (one writer at a
+-- time, in this process and across processes).
+SELECT * FROM steptrail_rate_limits WHERE name = :name;
+
+-- name: prune_rate_grants
+DELETE FROM steptrail_rate_grants WHERE limit_name = :name AND granted_at <= :now - :window_us;
+
+-- name: window_rate_grants
+SELECT granted_at, tokens FROM steptrail_rate_grants
+WHERE limit_name = :name AND granted_at > :now - :window_us
+ORDER BY granted_at, id;
+
+-- name: insert_rate_grant
+INSERT INTO steptrail_rate_grants (limit_name, granted_at, tokens, run_id)
+VALUES (:name, :now, :tokens, :run_id)
+RETURNING id;
+
+-- name: correct_rate_grant
+-- The step reported its real tokens: they replace the estimate in every later decision.
+UPDATE steptrail_rate_grants SET tokens = :tokens WHERE id = :id;
+
+-- name: block_rate_limit
+-- A provider's Retry-After: no grant before then, for every worker; a later block wins.
+UPDATE steptrail_rate_limits
+SET blocked_until = max(coalesce(blocked_until, 0), :now + :ms * 1000)
+WHERE name = :name;

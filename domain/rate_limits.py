@@ -1,0 +1,204 @@
+"""Rate limits shared by every worker (ADR 0080): their definitions and the sliding-window rule.
+
+A rate limit says "at most `requests` grants and at most `tokens` estimated tokens in any
+window of `per` seconds". The store keeps every grant (when, how many tokens) and decides a
+new one under a lock on the limit's row with `decide`, a pure function of the grants still
+in the window, the store's clock and the limit's block (a provider's `Retry-After`). The
+window judged is `per + margin`: the margin covers the delay between the store's grant and
+the call reaching the provider, which differs from one call to the next.
+
+Why a log of grants rather than a counter: a fixed-window counter lets twice the limit
+through across a boundary, a token bucket lets its burst plus the refill through in one
+window; only the grants themselves can answer "how many in *any* window of `per` seconds".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from steptrail.domain.classifier import ClassifiedError
+from steptrail.domain.enums import FailureClass
+
+# A grant past this delay after its window opens is not worth waiting for in a test, and a
+# definition beyond it is almost certainly seconds given as milliseconds.
+MAX_PER_S = 7 * 24 * 3600.0
+# The default margin added to the window (seconds): two calls whose delays between grant
+# and provider differ by less than it are still `per` seconds apart at the provider.
+DEFAULT_MARGIN_S = 0.2
+# A provider's Retry-After beyond this is taken as this (a typo must not block for a day).
+MAX_BLOCK_S = 3600.0
+STEP_NAME_PREFIX = "rate_limit:"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
+
+
+class InvalidRateLimit(ValueError):
+    """A rate limit's definition, or a step's use of one, is refused (nothing is written)."""
+
+
+class UnknownRateLimit(LookupError):
+    """No rate limit of that name is defined (in the app, or in the store)."""
+
+
+def _count(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRateLimit(f"{what} is a whole number of at least 1, not {value!r}")
+    if value > 2**53:
+        raise InvalidRateLimit(f"{what} of {value} is beyond what a store keeps")
+    return value
+
+
+def _seconds(value: Any, what: str, *, zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidRateLimit(f"{what} is a number of seconds, not {value!r}")
+    if value < 0 or (value == 0 and not zero) or value > MAX_PER_S:
+        low = "0" if zero else "more than 0"
+        raise InvalidRateLimit(f"{what} is {low} and at most {MAX_PER_S:g} s, not {value!r}")
+    return float(value)
+
+
+def check_name(name: Any) -> str:
+    """`name` if it can name a rate limit: 1 to 100 letters, digits, `_ . : -`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidRateLimit(
+            f"a rate limit's name is 1 to 100 letters, digits and _ . : - "
+            f"(starting with a letter or digit), not {name!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most `requests` grants and `tokens` estimated tokens in any `per_s` seconds (either
+    may be None, not both), judged over `per_s + margin_s`."""
+
+    name: str
+    requests: int | None
+    tokens: int | None
+    per_s: float
+    margin_s: float = DEFAULT_MARGIN_S
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        _count(self.requests, f"rate limit {self.name!r}: requests")
+        _count(self.tokens, f"rate limit {self.name!r}: tokens")
+        if self.requests is None and self.tokens is None:
+            raise InvalidRateLimit(f"rate limit {self.name!r} needs requests=, tokens= or both")
+        _seconds(self.per_s, f"rate limit {self.name!r}: per", zero=False)
+        _seconds(self.margin_s, f"rate limit {self.name!r}: margin", zero=True)
+        if self.margin_s > self.per_s:
+            raise InvalidRateLimit(
+                f"rate limit {self.name!r}: a margin of {self.margin_s:g} s is more than its "
+                f"window of {self.per_s:g} s"
+            )
+
+    @property
+    def per_ms(self) -> int:
+        return round(self.per_s * 1000)
+
+    @property
+    def margin_ms(self) -> int:
+        return round(self.margin_s * 1000)
+
+    @property
+    def window_us(self) -> int:
+        """The window the store judges, in microseconds: `per` plus the margin."""
+        return (self.per_ms + self.margin_ms) * 1000
+
+    def check_use(self, tokens: Any) -> int:
+        """The tokens a step estimates (0 if None), refused if no grant could ever hold them."""
+        if tokens is None:
+            return 0
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise InvalidRateLimit(f"tokens= is a whole number of at least 0, not {tokens!r}")
+        if self.tokens is not None and tokens > self.tokens:
+            raise InvalidRateLimit(
+                f"a step estimating {tokens} tokens can never pass rate limit {self.name!r} "
+                f"({self.tokens} tokens per {self.per_s:g} s)"
+            )
+        return tokens
+
+
+@dataclass(frozen=True)
+class RateLimitRow:
+    """A stored limit with its window's use now (`steptrail limits`)."""
+
+    limit: RateLimit
+    used_requests: int
+    used_tokens: int
+    blocked_until: datetime | None
+    updated_by: str
+
+
+@dataclass(frozen=True)
+class RateAnswer:
+    """The store's answer to an acquire: a grant (its id), or the seconds to wait first."""
+
+    grant_id: int | None
+    wait_s: float
+
+
+def decide(
+    limit: RateLimit,
+    grants: Sequence[tuple[int, int]],
+    *,
+    now_us: int,
+    tokens: int,
+    blocked_until_us: int | None = None,
+) -> int:
+    """When a grant of `tokens` may be given: `now_us` (at once) or a later instant.
+
+    `grants` are `(granted_at_us, tokens)` of the limit, oldest first, all inside the window
+    ending now (`granted_at > now - window`). A grant at `t` is allowed when the grants in
+    `(t - window, t]` number fewer than `requests` and hold at most `tokens - tokens_wanted`:
+    the half-open window means any `window` microseconds hold at most `requests` grants.
+    """
+    window = limit.window_us
+    at = now_us if blocked_until_us is None else max(now_us, blocked_until_us)
+    if limit.requests is not None and len(grants) >= limit.requests:
+        # The oldest grants that must leave the window first: the k-th leaves at its time
+        # plus the window.
+        k = len(grants) - limit.requests + 1
+        at = max(at, grants[k - 1][0] + window)
+    if limit.tokens is not None:
+        held = sum(t for _, t in grants)
+        for granted_at, spent in grants:
+            if held + tokens <= limit.tokens:
+                break
+            held -= spent
+            at = max(at, granted_at + window)
+    return at
+
+
+def retry_after_of(error: BaseException) -> float | None:
+    """The seconds a provider asked to wait (`retry_after` on the error, or a numeric
+    `Retry-After` header of its `response`), capped at MAX_BLOCK_S; None if it says none."""
+    value: Any = getattr(error, "retry_after", None)
+    if value is None:
+        headers: Any = getattr(getattr(error, "response", None), "headers", None)
+        if isinstance(headers, Mapping):
+            value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None  # an HTTP date: not read (ADR 0080)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return min(max(float(value), 0.0), MAX_BLOCK_S)
+
+
+class RateLimited(ClassifiedError):
+    """Raise from a step when a provider refused it for its rate (a 429), with the seconds it
+    asked to wait: a step with `limit=` blocks that limit for every worker until then
+    (ADR 0080). Classified `rate_limit`, so the run's retry policy for it applies."""
+
+    def __init__(self, retry_after: float | None = None, message: str = "") -> None:
+        super().__init__(FailureClass.RATE_LIMIT, message or "rate limited by the provider")
+        self.retry_after = retry_after
