@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     )
     from steptrail.domain.journal import NonDeterministic, ReplayedError
     from steptrail.domain.ports import RecordedEvent
+    from steptrail.domain.rate_limits import InvalidRateLimit, RateLimited, UnknownRateLimit
     from steptrail.domain.retry_plan import InvalidRetryPosition, RetryPlan
     from steptrail.infrastructure.feed import FeedEntry, format_position, parse_position
     from steptrail.infrastructure.settings import Settings
@@ -103,6 +104,7 @@ _WHERE: dict[str, str] = {
     "IllegalTransition": "steptrail.domain.errors",
     "InvalidInput": "steptrail.domain.errors",
     "InvalidItem": "steptrail.runtime",
+    "InvalidRateLimit": "steptrail.domain.rate_limits",
     "InvalidRequest": "steptrail.runtime",
     "InvalidRetryPosition": "steptrail.domain.retry_plan",
     "LeaseLost": "steptrail.workers.segment",
@@ -113,6 +115,7 @@ _WHERE: dict[str, str] = {
     "PrivacyLevel": "steptrail.domain.enums",
     "Projection": "steptrail.projections.custom",
     "ProjectionFailed": "steptrail.projections.custom",
+    "RateLimited": "steptrail.domain.rate_limits",
     "ReapReport": "steptrail.workers.reaper",
     "Recorded": "steptrail.workers.context",
     "RecordedEvent": "steptrail.domain.ports",
@@ -136,6 +139,7 @@ _WHERE: dict[str, str] = {
     "TerminationReason": "steptrail.domain.enums",
     "Tracking": "steptrail.projections.custom",
     "UnknownAgent": "steptrail.workers.registry",
+    "UnknownRateLimit": "steptrail.domain.rate_limits",
     "UnknownRun": "steptrail.domain.errors",
     "WaitTimedOut": "steptrail.workers.waits",
     "format_position": "steptrail.infrastructure.feed",
@@ -177,6 +181,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidInput",
     "InvalidItem",
+    "InvalidRateLimit",
     "InvalidRequest",
     "InvalidRetryPosition",
     "LeaseLost",
@@ -187,6 +192,7 @@ __all__ = [
     "PrivacyLevel",
     "Projection",
     "ProjectionFailed",
+    "RateLimited",
     "ReapReport",
     "Recorded",
     "RecordedEvent",
@@ -210,6 +216,7 @@ __all__ = [
     "TerminationReason",
     "Tracking",
     "UnknownAgent",
+    "UnknownRateLimit",
     "UnknownRun",
     "WaitTimedOut",
     "format_position",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import structlog
 
     from steptrail.domain.ports import RecordedEvent
+    from steptrail.domain.rate_limits import RateLimitRow
     from steptrail.domain.run import RunState
     from steptrail.infrastructure.feed import FeedEntry
     from steptrail.infrastructure.postgres import PostgresRunStore
@@ -76,6 +77,11 @@ class RuntimeViews:
                 run.strip(), shown + (["…"] if len(found) > CANDIDATES_SHOWN else [])
             )
         return found[0]
+
+    def rate_limits(self) -> list[RateLimitRow]:
+        """Every rate limit the store keeps (those a worker stored at its start, ADR 0080),
+        by name, with what its window (per + margin, ending now) holds and its block."""
+        return self.store.rate_limit_rows()
 
     def runs(
         self,

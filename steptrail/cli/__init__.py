@@ -1,7 +1,7 @@
 """The `steptrail` command line: `steptrail --help` lists the commands.
 
-The commands live in `runs`, `queues`, `people`, `signals`, `schedules`, `views`, `feed`
-and `checks`; importing them registers them on the one Typer app defined in `app`.
+The commands live in `runs`, `queues`, `people`, `signals`, `schedules`, `limits`, `views`,
+`feed` and `checks`; importing them registers them on the one Typer app defined in `app`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ from steptrail.cli.app import cli, run_cli
 __all__ = ["cli", "main"]
 
 # Registration order is the order `--help` lists the commands in.
-for _module in ("runs", "queues", "people", "signals", "schedules", "views", "feed", "checks"):
+for _module in (
+    "runs",
+    "queues",
+    "people",
+    "signals",
+    "schedules",
+    "limits",
+    "views",
+    "feed",
+    "checks",
+):
     importlib.import_module(f"steptrail.cli.{_module}")
 
 

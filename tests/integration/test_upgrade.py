@@ -314,3 +314,17 @@ def test_upgrade__schedules_survive_with_their_pause_and_next_tick(upgraded: Run
     report = scheduler.tick_once()
     assert report.enqueued == 1  # the daily one; the paused one waits for its operator
     assert scheduler.tick_once().enqueued == 0
+
+
+@pytest.mark.parametrize("upgraded", VERSIONS, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__rate_limits_work_after_migration_36(upgraded: Runtime) -> None:
+    """Every earlier schema gains the rate limit tables (ADR 0080): a limit is stored, its
+    window grants one request and holds back the next, and `rate_limits` lists its use."""
+    from steptrail.domain.rate_limits import RateLimit
+
+    store: Any = upgraded.store
+    store.define_rate_limits([RateLimit("upgrade", 1, 50, 60)], by="upgrade-test")
+    assert store.acquire_rate("upgrade", 20, uuid.uuid4()).grant_id is not None
+    assert store.acquire_rate("upgrade", 20, uuid.uuid4()).grant_id is None
+    (row,) = upgraded.rate_limits()
+    assert (row.limit.name, row.used_requests, row.used_tokens) == ("upgrade", 1, 20)
