@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from steptrail.domain.ids import short_id
+from steptrail.domain.rate_limits import STEP_NAME_PREFIX as RATE_LIMIT_TIMER
 
 if TYPE_CHECKING:  # only named in annotations: importing them costs the pydantic models
     from steptrail.domain.ports import RecordedEvent
@@ -142,6 +143,11 @@ def waiting_for(row: RunRow) -> str:
         return "-"
     deadline = _iso(row.available_at)
     if waiting.kind.value == "timer":
+        # A step waiting for its rate limit's window sleeps on a timer named after the
+        # limit (ADR 0080).
+        name = waiting.name or ""
+        if name.startswith(RATE_LIMIT_TIMER):
+            return f"rate limit {name.removeprefix(RATE_LIMIT_TIMER)!r} until {deadline}"
         return f"timer until {deadline}"
     what = f"signal {waiting.name!r}" if waiting.kind.value == "event" else waiting.kind.value
     return f"{what} until {deadline}" if deadline else what

@@ -16,6 +16,7 @@ from steptrail.domain.enums import RunStatus
 from steptrail.domain.rate_limits import RateLimit, RateLimited, UnknownRateLimit
 from steptrail.domain.run import Run
 from steptrail.domain.waits import WaitStarted
+from steptrail.render import waiting_for
 from steptrail.runtime import Runtime
 from steptrail.workers import rate_limits
 from steptrail.workers.async_context import AsyncRunContext
@@ -208,6 +209,7 @@ def test_step__a_long_wait_suspends_on_a_timer_and_wakes_to_try_again(
     assert row.state.holder is None
     assert row.state.waiting is not None
     assert row.state.waiting.name == "rate_limit:brief"
+    assert waiting_for(row).startswith("rate limit 'brief' until ")  # runs, show, console
     drain_until(rt, second, RunStatus.COMPLETED)
     names = [type(h.event).__name__ for h in rt.history(second)]
     assert "Failed" not in names
