@@ -215,6 +215,7 @@ def test_step__a_long_wait_suspends_on_a_timer_and_wakes_to_try_again(
     assert "Failed" not in names
     assert "Retried" not in names
     assert names.count("StepRecorded") == 1
+    assert rt.get(second).state.requeue_count == 0  # no attempt spent on waiting
 
 
 def test_step__a_429_blocks_the_limit_for_every_worker(rt: Runtime) -> None:
