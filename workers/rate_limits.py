@@ -11,7 +11,9 @@ The rules that make it safe:
   every machine share one window, and none trusts its own clock or memory.
 * **A short wait is waited out in place, a long one holds nothing.** While the waits of a
   step add up to at most `PATIENCE_S` (2 s) the agent's thread (or task) sleeps and tries
-  again; its lease keeper renews the lease meanwhile. Past that, the run suspends on a timer
+  again; its lease keeper renews the lease meanwhile, and once granted the step proves the
+  run is still its own (a fenced renewal) before it calls out: a run cancelled during the
+  wait does not make the call. Past that, the run suspends on a timer
   named `rate_limit:<name>` (the durable sleep of ADR 0073: no lease, no slot) until the
   window allows; on waking, the agent replays to the same step and tries again. Neither
   wait is a failure: nothing is retried, nothing dead-letters.
@@ -148,6 +150,8 @@ def acquire(
     try:
         while (wait := attempt(ctx, step.rate)) > 0:
             sleep(wait)
+        if step.rate.waited_s:
+            ctx.heartbeat()  # still ours after the wait? (a cancel may have come meanwhile)
     except BaseException:
         step.probe.close()
         raise
@@ -160,6 +164,8 @@ async def acquire_async(ctx: RunContext, threads: StoreThreads, step: LiveStep) 
     try:
         while (wait := await threads.call(attempt, ctx, step.rate)) > 0:
             await asyncio.sleep(wait)
+        if step.rate.waited_s:
+            await threads.call(ctx.heartbeat)
     except BaseException:
         step.probe.close()
         raise

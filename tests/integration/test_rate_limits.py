@@ -27,6 +27,7 @@ app = App()
 app.rate_limit("hour", requests=3, tokens=100, per=3600)
 app.rate_limit("brief", requests=1, per=0.6, margin=0)
 FAILED_ONCE: set[str] = set()
+CALLS: list[Any] = []
 
 
 @app.agent("asker")
@@ -57,6 +58,11 @@ def throttled(ctx: RunContext, request: dict[str, Any]) -> Any:
     return ctx.llm("ask", call, limit="hour", tokens=1)
 
 
+@app.agent("counted")
+def counted(ctx: RunContext, request: dict[str, Any]) -> Any:
+    return ctx.llm("ask", lambda: CALLS.append(ctx.run_id) or "called", limit="brief")
+
+
 @app.agent("async_asker")
 async def async_asker(ctx: AsyncRunContext, request: dict[str, Any]) -> Any:
     async def call() -> str:
@@ -68,6 +74,7 @@ async def async_asker(ctx: AsyncRunContext, request: dict[str, Any]) -> Any:
 @pytest.fixture
 def rt(db_url: str) -> Iterator[Runtime]:
     FAILED_ONCE.clear()
+    CALLS.clear()
     runtime = make_runtime(db_url, app, privacy_level="full")
     yield runtime
     runtime.close()
@@ -191,6 +198,29 @@ def test_step__a_short_wait_is_waited_in_place(rt: Runtime) -> None:
     for run_id in (first, second):
         assert rt.get(run_id).status is RunStatus.COMPLETED
         assert not [h for h in rt.history(run_id) if isinstance(h.event, WaitStarted)]
+
+
+def test_step__a_run_cancelled_while_it_waits_in_place_never_calls(rt: Runtime) -> None:
+    """The second run's step waits in place for the window; an operator cancels it
+    meanwhile: once granted, the step proves the run is still its own first, so the call
+    is never made and the run ends cancelled."""
+    first = rt.enqueue("counted")
+    second = rt.enqueue("counted")
+
+    def cancel_when_running() -> None:
+        deadline = time.monotonic() + 10
+        while rt.get(second).status is not RunStatus.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        rt.cancel(second, by="ops")
+
+    canceller = threading.Thread(target=cancel_when_running)
+    canceller.start()
+    rt.work(burst=True)
+    canceller.join()
+    assert rt.get(first).status is RunStatus.COMPLETED
+    assert rt.get(second).status is RunStatus.CANCELLED
+    assert [first] == CALLS
 
 
 def test_step__a_long_wait_suspends_on_a_timer_and_wakes_to_try_again(
