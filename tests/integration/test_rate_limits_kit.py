@@ -1,0 +1,54 @@
+"""Rate limits under the testing kit (ADR 0080): a wait for a window a minute away is a
+durable sleep the kit skips, as it skips any timer, on both backends (the kit's own
+databases: SQLite's skipped clock, PostgreSQL's `steptrail_testing_clock`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steptrail import App, RunContext
+from steptrail.domain.enums import RunStatus
+from steptrail.domain.waits import WaitStarted
+from steptrail.testing import Kit
+from steptrail.testing.pgclock import fresh_database
+from tests.conftest import PG_ADMIN_URL
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def steptrail_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'steptrail.db'}"
+        return
+    request.getfixturevalue("pg_database")  # PostgreSQL must be reachable (fails under CI)
+    with fresh_database(PG_ADMIN_URL) as url:
+        yield url
+
+
+@pytest.fixture
+def steptrail_app() -> App:
+    app = App()
+    app.rate_limit("per-minute", requests=1, per=60)
+
+    @app.agent("ask")
+    def ask(ctx: RunContext, request: dict[str, Any]) -> str:
+        return ctx.llm("ask", lambda: "answer", limit="per-minute")
+
+    return app
+
+
+def test_kit__a_minute_long_wait_for_the_window_is_skipped(steptrail_kit: Kit) -> None:
+    """The second run of a one-per-minute limit sleeps on `rate_limit:per-minute`; the kit
+    skips the minute and it completes, in well under the minute."""
+    started = time.monotonic()
+    assert steptrail_kit.run_to_end("ask").status is RunStatus.COMPLETED
+    second = steptrail_kit.run_to_end("ask")
+    assert second.status is RunStatus.COMPLETED
+    assert [e.name for e in second.events if isinstance(e, WaitStarted)] == [
+        "rate_limit:per-minute"
+    ]
+    assert time.monotonic() - started < 30
