@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
@@ -23,15 +23,10 @@ from steptrail.domain.rate_limits import (
     UnknownRateLimit,
     decide,
 )
+from steptrail.infrastructure.schedules_store import _EPOCH, _us
 
 if TYPE_CHECKING:  # a PostgreSQL process never imports sqlite3 (ADR 0051)
     import sqlite3
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _us(when: datetime) -> int:
-    return (when - _EPOCH) // timedelta(microseconds=1)
 
 
 def _limit(cells: Any) -> RateLimit:

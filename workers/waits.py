@@ -85,7 +85,7 @@ def sleep(ctx: RunContext, seconds: float, name: str) -> None:
         return
     seq = ctx.next_seq
     if ms == 0 or woken_at(ctx._segment.run.state, WaitKind.TIMER, seq, call.name):
-        _record(ctx, call, {"slept_ms": ms}, {"slept_ms": ms})
+        record_outcome(ctx, call, {"slept_ms": ms}, {"slept_ms": ms})
         return
     suspend(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
 
@@ -120,7 +120,7 @@ def wait_event(ctx: RunContext, name: str, timeout: float | None) -> Any:
     if signal is not None:
         return _take(ctx, call, signal)
     if woken_at(ctx._segment.run.state, WaitKind.EVENT, seq, name):
-        _record(ctx, call, {"timed_out": True}, {"timed_out": True})
+        record_outcome(ctx, call, {"timed_out": True}, {"timed_out": True})
         raise WaitTimedOut(f"event {name!r}", timeout)
     try:
         guard = SignalGuard(name, consumed.get(name, 0))
@@ -134,11 +134,13 @@ def _take(ctx: RunContext, call: StepCall, signal: Signal) -> Any:
     journal only (the log's record is privacy-filtered metadata, ADR 0008)."""
     payload = json.loads(signal.payload)
     ctx._signals_taken[signal.name] = signal.seq
-    _record(ctx, call, {"signal": signal.seq}, {"signal": signal.seq, "payload": payload})
+    record_outcome(ctx, call, {"signal": signal.seq}, {"signal": signal.seq, "payload": payload})
     return payload
 
 
-def _record(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any) -> None:
+def record_outcome(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any) -> None:
+    """Record a wait's (or a decision's) outcome as the step at `call`: `logged` in the
+    log, `value` in the journal only."""
     segment = ctx._segment
     segment.boundary()
     probe = segment.probe.step_started(call.kind, call.name, ctx.next_seq)

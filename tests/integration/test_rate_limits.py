@@ -22,6 +22,7 @@ from steptrail.workers import rate_limits
 from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.context import Recorded
 from tests.conftest import make_runtime
+from tests.integration.test_waits import drain_until
 
 app = App()
 app.rate_limit("hour", requests=3, tokens=100, per=3600)
@@ -87,14 +88,6 @@ def used(rt: Runtime, name: str) -> tuple[int, int]:
 
 def event_count(rt: Runtime) -> int:
     return sum(len(rt.history(r.run_id)) for r in rt.runs(limit=1000))
-
-
-def drain_until(rt: Runtime, run_id: Any, status: RunStatus, within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while rt.get(run_id).status is not status:
-        assert time.monotonic() < deadline, f"{rt.get(run_id).status} is not {status}"
-        rt.work(burst=True)
-        time.sleep(0.05)
 
 
 def test_acquire__concurrent_acquirers_never_overshoot(rt: Runtime) -> None:

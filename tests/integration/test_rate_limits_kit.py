@@ -5,8 +5,6 @@ databases: SQLite's skipped clock, PostgreSQL's `steptrail_testing_clock`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,18 +13,9 @@ from steptrail import App, RunContext
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.waits import WaitStarted
 from steptrail.testing import Kit
-from steptrail.testing.pgclock import fresh_database
-from tests.conftest import PG_ADMIN_URL
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def steptrail_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'steptrail.db'}"
-        return
-    request.getfixturevalue("pg_database")  # PostgreSQL must be reachable (fails under CI)
-    with fresh_database(PG_ADMIN_URL) as url:
-        yield url
+# The kit's own databases on both backends, as the time-skipping tests have them.
+from tests.integration.test_testing_kit_time import steptrail_database_url  # noqa: F401
 
 
 @pytest.fixture
