@@ -176,6 +176,25 @@ def decide(
     return at
 
 
+def fits(
+    limit: RateLimit,
+    *,
+    grants: int,
+    held: int,
+    tokens: int,
+    now_us: int,
+    blocked_until_us: int | None = None,
+) -> bool:
+    """Whether a grant of `tokens` may be given now, from the window's totals only (`grants`
+    in it, `held` tokens): what `decide` answers with `now_us`, without reading the grants
+    themselves, which only a wait needs."""
+    if blocked_until_us is not None and blocked_until_us > now_us:
+        return False
+    if limit.requests is not None and grants >= limit.requests:
+        return False
+    return limit.tokens is None or held + tokens <= limit.tokens
+
+
 def retry_after_of(error: BaseException) -> float | None:
     """The seconds a provider asked to wait (`retry_after` on the error, or a numeric
     `Retry-After` header of its `response`), capped at MAX_BLOCK_S; None if it says none."""

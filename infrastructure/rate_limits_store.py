@@ -22,6 +22,7 @@ from steptrail.domain.rate_limits import (
     RateLimitRow,
     UnknownRateLimit,
     decide,
+    fits,
 )
 from steptrail.infrastructure.schedules_store import _EPOCH, _us
 
@@ -50,11 +51,22 @@ def _definition(limit: RateLimit, by: str) -> dict[str, Any]:
     }
 
 
-def _answer(
-    limit: RateLimit, grants: list[tuple[int, int]], now: int, tokens: int, blocked: int | None
-) -> int:
-    """The instant (µs) the grant may be given: `now` to give it now."""
-    return decide(limit, grants, now_us=now, tokens=tokens, blocked_until_us=blocked)
+def _use(limit: RateLimit, use: Any, tokens: int, now: int, blocked: int | None) -> bool:
+    """Whether the window's totals (`window_rate_use`) let a grant of `tokens` through now."""
+    return fits(
+        limit,
+        grants=int(use["grants"]),
+        held=int(use["held"]),
+        tokens=tokens,
+        now_us=now,
+        blocked_until_us=blocked,
+    )
+
+
+def _wait(limit: RateLimit, rows: Any, tokens: int, now: int, blocked: int | None) -> RateAnswer:
+    """The wait the grants of the window (oldest first, `(µs, tokens)`) ask for."""
+    at = decide(limit, rows, now_us=now, tokens=tokens, blocked_until_us=blocked)
+    return RateAnswer(grant_id=None, wait_s=max(at - now, 1) / 1_000_000)
 
 
 class _SQLite(Protocol):
@@ -105,12 +117,13 @@ class SQLiteRateLimits:
                 raise UnknownRateLimit(f"the store keeps no rate limit {name!r}")
             limit = _limit(found)
             window = {"name": name, "now": now, "window_us": limit.window_us}
+            blocked = found["blocked_until"]
             cur.execute(self.q["prune_rate_grants"], window)
-            cur.execute(self.q["window_rate_grants"], window)
-            grants = [(int(r["granted_at"]), int(r["tokens"])) for r in cur.fetchall()]
-            at = _answer(limit, grants, now, tokens, found["blocked_until"])
-            if at > now:
-                return RateAnswer(grant_id=None, wait_s=(at - now) / 1_000_000)
+            cur.execute(self.q["window_rate_use"], window)
+            if not _use(limit, cur.fetchone(), tokens, now, blocked):
+                cur.execute(self.q["window_rate_grants"], window)
+                rows = [(int(r["granted_at"]), int(r["tokens"])) for r in cur.fetchall()]
+                return _wait(limit, rows, tokens, now, blocked)
             cur.execute(
                 self.q["insert_rate_grant"],
                 {"name": name, "now": now, "tokens": tokens, "run_id": run_id.hex},
@@ -161,21 +174,27 @@ class PostgresRateLimits:
             if found is None:
                 raise UnknownRateLimit(f"the store keeps no rate limit {name!r}")
             limit = _limit(found)
-            window = {"name": name, "window_us": limit.window_us}
-            conn.execute(self.q["prune_rate_grants"], window)
-            rows = conn.execute(self.q["window_rate_grants"], window).fetchall()
-            clock: datetime = rows[0]["now"]
-            now = _us(clock)
-            grants = [(_us(r["granted_at"]), int(r["tokens"])) for r in rows if r["granted_at"]]
             blocked = found["blocked_until"]
-            at = _answer(limit, grants, now, tokens, None if blocked is None else _us(blocked))
-            if at > now:
-                return RateAnswer(grant_id=None, wait_s=(at - now) / 1_000_000)
-            grant = conn.execute(
-                self.q["insert_rate_grant"],
-                {"name": name, "now": clock, "tokens": tokens, "run_id": run_id},
+            use = conn.execute(
+                self.q["acquire_rate_grant"],
+                {
+                    "name": name,
+                    "window_us": limit.window_us,
+                    "tokens": tokens,
+                    "run_id": run_id,
+                    "blocked": blocked,
+                    "requests": limit.requests,
+                    "limit_tokens": limit.tokens,
+                },
             ).fetchone()
-            return RateAnswer(grant_id=int(grant["id"]), wait_s=0.0)
+            if use["grant_id"] is not None:
+                return RateAnswer(grant_id=int(use["grant_id"]), wait_s=0.0)
+            clock: datetime = use["now"]
+            window = {"name": name, "now": clock, "window_us": limit.window_us}
+            cells = conn.execute(self.q["window_rate_grants"], window).fetchall()
+            rows = [(_us(r["granted_at"]), int(r["tokens"])) for r in cells]
+            blocked_us = None if blocked is None else _us(blocked)
+            return _wait(limit, rows, tokens, _us(clock), blocked_us)
 
     def correct_rate_grant(self: _Postgres, grant_id: int, tokens: int) -> None:
         with self._connection() as conn:

@@ -19,6 +19,7 @@ from steptrail.domain.rate_limits import (
     RateLimit,
     RateLimited,
     decide,
+    fits,
     retry_after_of,
 )
 from steptrail.workers.rate_limits import claim
@@ -163,3 +164,34 @@ def test_retry_after_of__the_error_or_its_response_header() -> None:
     assert retry_after_of(ValueError("no")) is None
     assert retry_after_of(RateLimited(retry_after=10**9)) == MAX_BLOCK_S
     assert classify(RateLimited(retry_after=1)) is FailureClass.RATE_LIMIT
+
+
+@given(
+    requests=st.one_of(st.none(), st.integers(1, 5)),
+    tokens=st.one_of(st.none(), st.integers(1, 100)),
+    grants=st.lists(st.tuples(st.integers(0, 9 * S), st.integers(0, 40)), max_size=8),
+    want=st.integers(0, 100),
+    blocked=st.one_of(st.none(), st.integers(0, 20 * S)),
+)
+def test_fits__agrees_with_decide_at_now(
+    requests: int | None,
+    tokens: int | None,
+    grants: list[tuple[int, int]],
+    want: int,
+    blocked: int | None,
+) -> None:
+    """The store grants from the window's totals (`fits`) and reads the grants only to
+    compute a wait (`decide`): both say the same about now."""
+    if requests is None and tokens is None:
+        requests = 1
+    limit = RateLimit("f", requests=requests, tokens=tokens, per_s=10, margin_s=0)
+    want = min(want, tokens or want)
+    now = 10 * S
+    grants = sorted(grants)
+    held = sum(t for _, t in grants)
+    allowed = fits(
+        limit, grants=len(grants), held=held, tokens=want, now_us=now, blocked_until_us=blocked
+    )
+    assert allowed == (
+        decide(limit, grants, now_us=now, tokens=want, blocked_until_us=blocked) == now
+    )

@@ -23,6 +23,12 @@ BACKEND_ONLY: dict[str, str] = {
     "append_two": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
     "lock_as_writer": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
+    "acquire_rate_grant": "PostgreSQL: one statement under the limit's lock does what "
+    "SQLite's next three do (ADR 0080)",
+    **dict.fromkeys(
+        ("prune_rate_grants", "window_rate_use", "insert_rate_grant"),
+        "SQLite: part of an acquire (PostgreSQL: acquire_rate_grant)",
+    ),
     **dict.fromkeys(
         ("lock_range", "upsert_row", "insert_missing_row", "delete_rows"),
         "PostgreSQL: a range of the run index is rebuilt under its rows' locks; SQLite's "

@@ -1040,31 +1040,56 @@ ORDER BY l.name;
 -- Every acquirer of a limit takes its row's lock first, so grants of one limit are decided
 -- one at a time; the clock is read by the next statements, after the lock is held (see
 -- window_rate_grants).
-SELECT * FROM steptrail_rate_limits WHERE name = %(name)s FOR UPDATE;
+-- The acquire's commit does not wait for its WAL flush (synchronous_commit off for this
+-- transaction only): a grant lost with a server crash within the WAL writer's delay lets
+-- at most those grants through again once, and waiting for the flush would hold the
+-- limit's lock for a disk write per grant (ADR 0080).
+SELECT *, set_config('synchronous_commit', 'off', true) AS async_commit
+FROM steptrail_rate_limits WHERE name = %(name)s FOR UPDATE;
 
--- name: prune_rate_grants
-DELETE FROM steptrail_rate_grants
-WHERE limit_name = %(name)s
-    AND granted_at <= clock_timestamp() - %(window_us)s * interval '1 microsecond';
-
--- name: window_rate_grants
+-- name: acquire_rate_grant
+-- One statement after the lock (SQLite runs prune_rate_grants, window_rate_use and
+-- insert_rate_grant): drop the grants that left the window, total the ones in it, and
+-- insert the new grant if the totals let it through — the test of domain.rate_limits.fits,
+-- written here a second time so that the lock is held for one round trip. Its answer says
+-- whether a grant was inserted (grant_id) and the totals it was judged on.
 -- clock_timestamp(), not now(): now() is the transaction's start, which for an acquirer
 -- that waited for the lock is before the grants of the holders it waited for; a grant
 -- stamped with it would sit earlier in the window than it happened, and the window would
 -- let one more through. Read after the lock, the clock orders grants as they were given.
--- (READ COMMITTED: this statement's snapshot, taken after the lock, sees those grants.)
-WITH clock AS (SELECT clock_timestamp() AS now)
-SELECT clock.now, g.granted_at, g.tokens
-FROM clock
-LEFT JOIN steptrail_rate_grants g
-    ON g.limit_name = %(name)s
-    AND g.granted_at > clock.now - %(window_us)s * interval '1 microsecond'
-ORDER BY g.granted_at, g.id;
+-- (READ COMMITTED: this statement's snapshot, taken after the lock, sees those grants; the
+-- DELETE and the totals share it, and the totals skip what the DELETE drops anyway.)
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now),
+gone AS (
+    DELETE FROM steptrail_rate_grants
+    WHERE limit_name = %(name)s
+        AND granted_at <= (SELECT now FROM clock) - %(window_us)s * interval '1 microsecond'
+),
+use AS MATERIALIZED (
+    SELECT clock.now, count(g.id) AS grants, coalesce(sum(g.tokens), 0) AS held
+    FROM clock
+    LEFT JOIN steptrail_rate_grants g
+        ON g.limit_name = %(name)s
+        AND g.granted_at > clock.now - %(window_us)s * interval '1 microsecond'
+    GROUP BY clock.now
+),
+granted AS (
+    INSERT INTO steptrail_rate_grants (limit_name, granted_at, tokens, run_id)
+    SELECT %(name)s, use.now, %(tokens)s, %(run_id)s FROM use
+    WHERE (%(blocked)s::timestamptz IS NULL OR %(blocked)s::timestamptz <= use.now)
+        AND (%(requests)s::bigint IS NULL OR use.grants < %(requests)s::bigint)
+        AND (%(limit_tokens)s::bigint IS NULL OR use.held + %(tokens)s <= %(limit_tokens)s::bigint)
+    RETURNING id
+)
+SELECT use.now, use.grants, use.held, (SELECT id FROM granted) AS grant_id FROM use;
 
--- name: insert_rate_grant
-INSERT INTO steptrail_rate_grants (limit_name, granted_at, tokens, run_id)
-VALUES (%(name)s, %(now)s, %(tokens)s, %(run_id)s)
-RETURNING id;
+-- name: window_rate_grants
+-- The grants themselves, oldest first: read only when the acquirer waits (the window
+-- ending at the instant acquire_rate_grant judged).
+SELECT granted_at, tokens FROM steptrail_rate_grants
+WHERE limit_name = %(name)s
+    AND granted_at > %(now)s::timestamptz - %(window_us)s * interval '1 microsecond'
+ORDER BY granted_at, id;
 
 -- name: correct_rate_grant
 -- The step reported its real tokens: they replace the estimate in every later decision.

@@ -778,7 +778,14 @@ SELECT * FROM steptrail_rate_limits WHERE name = :name;
 -- name: prune_rate_grants
 DELETE FROM steptrail_rate_grants WHERE limit_name = :name AND granted_at <= :now - :window_us;
 
+-- name: window_rate_use
+-- What the window ending now holds, in one row: most acquires need no more (ADR 0080).
+SELECT :now AS now, count(*) AS grants, coalesce(sum(tokens), 0) AS held
+FROM steptrail_rate_grants
+WHERE limit_name = :name AND granted_at > :now - :window_us;
+
 -- name: window_rate_grants
+-- The grants themselves, oldest first: read only when the use says the acquirer waits.
 SELECT granted_at, tokens FROM steptrail_rate_grants
 WHERE limit_name = :name AND granted_at > :now - :window_us
 ORDER BY granted_at, id;
