@@ -283,3 +283,17 @@ def test_async_step__acquires_and_waits_on_the_loop(rt: Runtime) -> None:
     for run_id in runs:
         drain_until(rt, run_id, RunStatus.COMPLETED)
     assert used(rt, "brief")[0] >= 1  # the older grant may have left the 0.6 s window
+
+
+def test_async_step__a_long_wait_suspends_and_wakes(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async run whose grant must wait past its patience suspends on the limit's timer
+    (raised from its store thread into the agent's task) and completes once woken."""
+    monkeypatch.setattr(rate_limits, "PATIENCE_S", 0.0)
+    first, second = rt.enqueue("async_asker"), rt.enqueue("async_asker")
+    rt.work(burst=True)
+    waiting = [r for r in (first, second) if rt.get(r).status is RunStatus.WAITING_FOR_TIMER]
+    assert len(waiting) == 1
+    drain_until(rt, waiting[0], RunStatus.COMPLETED)
+    assert rt.get(first).status is rt.get(second).status is RunStatus.COMPLETED
