@@ -117,6 +117,29 @@ def test_acquire__concurrent_acquirers_never_overshoot(rt: Runtime) -> None:
     assert used(rt, "hour") == (3, 3)
 
 
+def test_define__workers_starting_together_store_one_row(rt: Runtime) -> None:
+    """Eight workers storing the same limits at once (a deploy's start): no error, one row
+    per limit, the definition intact."""
+    limits = list(app.rate_limits.values())
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def define() -> None:
+        start.wait()
+        try:
+            rt.store.define_rate_limits(limits, by="worker")
+        except BaseException as error:  # collected: the assertion names it
+            errors.append(error)
+
+    threads = [threading.Thread(target=define) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [r.limit for r in rt.store.rate_limit_rows()] == sorted(limits, key=lambda x: x.name)
+
+
 def test_acquire__the_window_slides_from_the_oldest_grant(rt: Runtime) -> None:
     """Two requests per 0.8 s: the third waits until the first grant leaves the window,
     not until a fixed window's boundary; once waited, it is granted."""
