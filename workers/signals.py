@@ -18,6 +18,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from steptrail.domain.actors import check_actor
+from steptrail.domain.children import refuse_reserved
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.errors import IllegalTransition, InvalidInput, UnknownRun, VersionConflict
 from steptrail.domain.limits import PayloadRejected, check_depth, check_size
@@ -64,6 +65,7 @@ class Signals:
                 not JSON, or does not match the name's declared schema.
         """
         check_signal_name(name)
+        refuse_reserved(name)  # child runs' signals are steptrail's own (ADR 0075)
         try:
             check_depth(payload, "the signal's payload")
         except PayloadRejected as error:

@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Never
 
+from steptrail.domain.children import refuse_reserved
 from steptrail.domain.enums import Outcome, WaitKind
 from steptrail.domain.journal import StepCall, fingerprint
 from steptrail.domain.run import Run
@@ -104,6 +105,7 @@ def wait_event(ctx: RunContext, name: str, timeout: float | None) -> Any:
 
     Raises WaitTimedOut when `timeout` seconds pass first."""
     check_signal_name(name)
+    refuse_reserved(name)
     ms = timeout_ms(timeout)
     call = StepCall(EVENT_STEP, name, fingerprint(None))
     consumed = ctx._signals_taken
@@ -163,11 +165,12 @@ def _suspend(
     name: str,
     ms: int | None,
     guard: SignalGuard | None,
+    names: tuple[str, ...] = (),
 ) -> Never:
     ctx.note_replay()
 
     def wait(run: Run) -> None:
-        start_wait(run, kind=kind, seq=seq, name=name, timeout_ms=ms)
+        start_wait(run, kind=kind, seq=seq, name=name, timeout_ms=ms, names=names)
 
     segment = ctx._segment
     try:
