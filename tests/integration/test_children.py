@@ -112,6 +112,17 @@ def spawns(ctx: RunContext, request: dict[str, Any]) -> Any:
     return "started"
 
 
+# The race test's hook: run inside the parent's step, between start_child and wait_child.
+BETWEEN: list[Any] = []
+
+
+@app.agent("racer")
+def racer(ctx: RunContext, request: dict[str, Any]) -> Any:
+    child = ctx.start_child("square", {"x": 6})
+    ctx.llm("meanwhile", lambda: [hook(child.run_id) for hook in BETWEEN] and "done")
+    return ctx.wait_child(child)
+
+
 @pytest.fixture
 def rt(db_url: str) -> Iterator[Runtime]:
     CALLS.clear()
@@ -298,3 +309,46 @@ def test_show__links_parent_and_children_both_ways(rt: Runtime) -> None:
     up = rt.family(child.run_id)
     assert up.parent == (run_id, "parent", RunStatus.WAITING_FOR_EVENT)
     assert up.children == []
+
+
+def test_race__a_child_settling_after_the_parents_look_is_taken_not_lost(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child settles while the parent runs, and the parent's look into its inbox is
+    made to miss it (as if it had looked an instant before the settle committed): the
+    suspending append, reading the inbox under the parent's row lock, finds the signal, so
+    the parent takes it without suspending, instead of waiting for a wake-up never sent."""
+    other = Kit(rt)
+    BETWEEN[:] = [other.drive]
+    monkeypatch.setattr(rt.store, "next_signal", lambda *a: None)
+    try:
+        run_id = rt.enqueue("racer", {})
+        rt.work(burst=True)
+    finally:
+        BETWEEN.clear()
+    assert rt.get(run_id).status is RunStatus.COMPLETED
+    assert result_of(rt, run_id) == {"result": 36}
+    trail = [type(h.event).__name__ for h in rt.history(run_id)]
+    assert "WaitStarted" not in trail
+
+
+def test_purge__a_child_outliving_its_purged_parent_says_so(rt: Runtime) -> None:
+    """A parent cancelled with --keep-children and purged: its child is still there, names
+    the parent, and show says it was purged (its tombstone); the family's completed runs
+    are purged like any others."""
+    from tests.integration.test_retention import age
+
+    run_id = rt.enqueue("parent", {})
+    rt.work(burst=True)
+    rt.work(burst=True)
+    (child,) = children_of(rt, run_id)
+    rt.cancel(run_id, by="ops", keep_children=True)
+    age(rt, [run_id], days=40)
+    report = rt.purge(days=30)
+    assert report.total >= 1
+    assert rt.store.row(run_id) is None
+    up = rt.family(child.run_id)
+    assert (up.parent_id, up.parent, up.parent_purged) == (run_id, None, True)
+    # The child's settle has no parent to tell: it settles all the same.
+    rt.cancel(child.run_id, by="ops")
+    assert rt.get(child.run_id).status is RunStatus.CANCELLED
