@@ -170,6 +170,10 @@ def test_fanout__children_run_once_and_the_parent_gets_every_result(rt: Runtime)
     queued = rt.history(kids[0].run_id)[0].event
     assert isinstance(queued, Run.Queued)
     assert (queued.parent_id, queued.actor) == (run_id, f"parent:{run_id}")
+    # The index rebuilt from the log keeps the parent column (migration 0034).
+    assert rt.verify_index() == []
+    rt.rebuild("run-index")
+    assert sorted(k.run_id for k in children_of(rt, run_id)) == sorted(k.run_id for k in kids)
 
 
 def test_start_child__a_crash_after_the_enqueue_creates_the_child_once(rt: Runtime) -> None:
