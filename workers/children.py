@@ -32,6 +32,7 @@ from steptrail.domain.children import (
 )
 from steptrail.domain.digest import digest
 from steptrail.domain.enums import PrivacyLevel, RunStatus, WaitKind
+from steptrail.domain.errors import VersionConflict
 from steptrail.domain.journal import StepCall, fingerprint
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
@@ -43,6 +44,9 @@ from steptrail.workers.requests import InvalidRequest, encode_request, new_run_i
 
 if TYPE_CHECKING:
     from steptrail.workers.context import RunContext
+
+# Attempts at cancelling a child that keeps moving under the cancel (as Runtime.cancel).
+CANCEL_ATTEMPTS = 20
 
 # A child's key among its siblings: as an idempotency key's, but shorter (it is a part of one).
 MAX_CHILD_KEY = 200
@@ -108,7 +112,28 @@ class Spawner:
             priority=state.priority,
             parent=(state.run_id, seq, privacy),
         )
-        return store.create(child, request=body).id
+        child_id = store.create(child, request=body).id
+        # A cancel of the parent that landed after this segment's last fenced write, and
+        # whose cascade read the children before this one was stored, is seen here: the
+        # child is cancelled as the cascade would have (ADR 0081).
+        after = store.load(state.run_id)
+        if after is not None and after.status.is_terminal:
+            cancel_orphan(store, child_id, actor=f"{PARENT_ACTOR}{state.run_id}")
+        return child_id
+
+
+def cancel_orphan(store: RunStore, child_id: UUID, *, actor: str) -> None:
+    """Cancel a child whose parent settled before it was stored (unless it settled)."""
+    for _ in range(CANCEL_ATTEMPTS):
+        run = store.load(child_id)
+        if run is None or run.status.is_terminal:
+            return
+        run.cancel(actor=actor, note="its parent had settled when it was started")
+        try:
+            store.append(run)
+        except VersionConflict:
+            continue  # a worker moved it on: cancel the newer state
+        return
 
 
 def start_child(

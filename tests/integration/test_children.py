@@ -356,3 +356,27 @@ def test_purge__a_child_outliving_its_purged_parent_says_so(rt: Runtime) -> None
     # The child's settle has no parent to tell: it settles all the same.
     rt.cancel(child.run_id, by="ops")
     assert rt.get(child.run_id).status is RunStatus.CANCELLED
+
+
+def test_race__a_parent_cancelled_just_before_its_child_is_stored(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent is cancelled after its segment's last fenced write and its cascade reads
+    the children before the new child is stored: the starting segment sees the cancelled
+    parent once the child is stored and cancels it, so no child of a cancelled parent runs."""
+    create = rt.store.create
+
+    def cancel_first(run: Run, **kw: Any) -> Run:
+        if run.state.parent_id is not None:
+            rt.cancel(run.state.parent_id, by="ops")  # its cascade finds no child yet
+        return create(run, **kw)
+
+    monkeypatch.setattr(rt.store, "create", cancel_first)
+    run_id = rt.enqueue("parent", {})
+    rt.work(burst=True)
+    assert rt.get(run_id).status is RunStatus.CANCELLED
+    (child,) = children_of(rt, run_id)
+    assert child.status is RunStatus.CANCELLED
+    cancelled = rt.history(child.run_id)[-1].event
+    assert isinstance(cancelled, Run.Cancelled)
+    assert cancelled.actor == f"parent:{run_id}"
