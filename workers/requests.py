@@ -23,6 +23,14 @@ class InvalidRequest(ValueError):
     """A request cannot be enqueued as given (not JSON, or not what the agent accepts)."""
 
 
+def problems(error: ValidationError, whole: str) -> str:
+    """A validation error's problems on one line: `field: message; ...` (`whole` names the
+    value itself when the problem is not in one of its fields)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in error.errors()
+    )
+
+
 def new_run_id() -> UUID:
     """A new run's id: a UUID that sorts by the millisecond it was made (version 7), so the
     rows of runs made together share pages and a purge of the oldest runs walks one end of
@@ -54,11 +62,8 @@ def encode_request(
                 mode="json", by_alias=True, exclude_unset=True
             )
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
-                for e in error.errors()
-            )
-            raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
+            found = problems(error, "request")
+            raise InvalidRequest(f"invalid request for {agent!r}: {found}") from error
     try:
         body = canonical_json(dict(value))
     except (TypeError, ValueError, RecursionError) as error:

@@ -9,7 +9,6 @@ Short leases keep it fast; every loop is bounded by a deadline.
 from __future__ import annotations
 
 import random
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.run import Run
 from tests.acceptance import agents
-from tests.acceptance.helpers import spawn_worker
+from tests.acceptance.helpers import replace_worker, spawn_worker
 from tests.acceptance.test_faults import check_trails, stop
 from tests.conftest import make_runtime
 
@@ -70,11 +69,8 @@ def test_chaos__a_fanout_of_20_survives_sigkills_of_parent_and_children(
             if victims:
                 victim = rng.choice(victims)
                 parent_killed = parent_killed or f":{procs[victim].pid}:" in holder
-                procs[victim].send_signal(signal.SIGKILL)
-                procs[victim].wait()
                 kills += 1
-                logs[victim] = tmp_path / f"r{kills}.log"
-                procs[victim] = spawn_worker(db_url, "--concurrency", "4", log=logs[victim], **env)
+                replace_worker(procs, logs, victim, db_url, tmp_path / f"r{kills}.log", **env)
                 next_kill = time.monotonic() + rng.uniform(0.3, 0.8)
             reaper.reap_once(50)
             time.sleep(0.1)
