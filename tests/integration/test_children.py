@@ -7,12 +7,19 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from pydantic import BaseModel
 
-from steptrail import App, AsyncRunContext, ChildFailed, RunContext, WaitTimedOut
+from steptrail import (
+    App,
+    AsyncRunContext,
+    ChildFailed,
+    ChildHandle,
+    RunContext,
+    WaitTimedOut,
+)
 from steptrail.domain.classifier import ClassifiedError
 from steptrail.domain.enums import FailureClass, RunStatus
 from steptrail.domain.run import Run
@@ -110,6 +117,27 @@ def spawns(ctx: RunContext, request: dict[str, Any]) -> Any:
     except (UnknownAgent, InvalidRequest) as error:
         return type(error).__name__
     return "started"
+
+
+@app.agent("misuse")
+def misuse(ctx: RunContext, request: dict[str, Any]) -> list[str]:
+    """Every wrong way to wait, each refused before anything is written."""
+    foreign = ChildHandle(uuid4(), "square", uuid4())
+    attempts = [
+        lambda: ctx.wait_any([]),
+        lambda: ctx.wait_child(foreign),
+        lambda: ctx.wait_all(["not a handle"]),  # type: ignore[list-item]
+        lambda: ctx.wait_event("steptrail.child:x"),
+        lambda: ctx.start_child("square", {"x": 1}, key=""),
+        lambda: ctx.wait_child(foreign, timeout=-1),
+    ]
+    refused = []
+    for attempt in attempts:
+        try:
+            attempt()
+        except (TypeError, ValueError) as error:
+            refused.append(type(error).__name__)
+    return refused
 
 
 # The race test's hook: run inside the parent's step, between start_child and wait_child.
@@ -380,3 +408,43 @@ def test_race__a_parent_cancelled_just_before_its_child_is_stored(
     cancelled = rt.history(child.run_id)[-1].event
     assert isinstance(cancelled, Run.Cancelled)
     assert cancelled.actor == f"parent:{run_id}"
+
+
+def test_misuse__every_wrong_wait_is_refused_with_nothing_written(rt: Runtime) -> None:
+    """An empty set, another run's child, a non-handle, a reserved name, a blank key, a
+    negative timeout: each raises before any step, child or wait is written."""
+    run_id = rt.enqueue("misuse", {})
+    drain(rt, run_id)
+    assert len(result_of(rt, run_id)["result"]) == 6
+    assert children_of(rt, run_id) == []
+    kinds = [h.event.kind for h in rt.history(run_id) if isinstance(h.event, Run.StepRecorded)]
+    assert kinds == []
+    assert "WaitStarted" not in [type(h.event).__name__ for h in rt.history(run_id)]
+
+
+def test_kit__run_to_end_follows_children_of_sync_and_async_parents(rt: Runtime) -> None:
+    kit = Kit(rt)
+    assert kit.run_to_end("fanout", {"n": 4}).row.status is RunStatus.COMPLETED
+    done = kit.run_to_end("async_fanout")
+    assert done.row.status is RunStatus.COMPLETED
+    assert result_of(rt, done.run_id) == {"result": [0, 1, 4]}
+
+
+def test_console__the_run_page_links_parent_and_children(rt: Runtime) -> None:
+    pytest.importorskip("starlette", reason="the console extra is not installed")
+    from starlette.testclient import TestClient
+
+    from steptrail.console import ConsoleConfig, create_app
+
+    run_id = rt.enqueue("parent", {})
+    rt.work(burst=True)
+    rt.work(burst=True)
+    (child,) = children_of(rt, run_id)
+    console = create_app(rt, ConsoleConfig(project=False, operator="console:test"))
+    web = TestClient(console, base_url="http://127.0.0.1:8765", follow_redirects=False)
+    down = web.get(f"/runs/{run_id}").text
+    assert "Child runs" in down
+    assert f'href="/runs/{child.run_id}"' in down
+    up = web.get(f"/runs/{child.run_id}").text
+    assert f'href="/runs/{run_id}"' in up
+    assert "Child runs" not in up
