@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Never, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -35,11 +35,9 @@ from steptrail.domain.decisions import (
     calls_digest,
     state_digest,
 )
-from steptrail.domain.digest import canonical_json
 from steptrail.domain.enums import (
     Effect,
     FailureClass,
-    Outcome,
     PrivacyLevel,
     WaitKind,
 )
@@ -56,10 +54,10 @@ from steptrail.domain.limits import (
     check_depth,
     check_size,
 )
-from steptrail.domain.privacy import filter_payload, filter_schema, tool_label
-from steptrail.domain.run import DECISION_STEP, Decision, Run
+from steptrail.domain.privacy import filter_payload, tool_label
+from steptrail.domain.run import Decision, Run
 from steptrail.domain.schemas import check_schema
-from steptrail.workers import children, waits
+from steptrail.workers import children, people, waits
 from steptrail.workers.context_parts import (  # re-exported: split out (ADR 0073)
     AwaitableInSyncStep,
     CallResult,
@@ -77,7 +75,6 @@ from steptrail.workers.context_parts import (  # re-exported: split out (ADR 007
     _error_type,
     _not_awaitable,
     _replayed,
-    _resumption_of,
     _unwrap,
     denied_result,
     discard_awaitable,
@@ -324,7 +321,7 @@ class RunContext:
             raise ValueError("request_approval needs at least one pending call")
         state = ResumableState(kind=WaitKind.APPROVAL, calls=pending, conversation=conversation)
         labels = tuple(self.tool_label(c.name) for c in pending)
-        return self._await_decision(state, calls_digest(pending), labels, timeout)
+        return people.await_decision(self, state, calls_digest(pending), labels, timeout)
 
     def request_input(
         self,
@@ -354,79 +351,10 @@ class RunContext:
             prompt=prompt,
             conversation=conversation,
         )
-        taken = self._await_decision(state, state_digest(state), (), timeout)
+        taken = people.await_decision(self, state, state_digest(state), (), timeout)
         if taken.expired:
             raise waits.WaitTimedOut(WaitKind.INPUT.value, timeout)
         return dict(taken.values or {})
-
-    def _await_decision(
-        self,
-        state: ResumableState,
-        digest: str,
-        tools: tuple[str, ...],
-        timeout: float | None = None,
-    ) -> Resumption:
-        """The decision on `state`: replayed, taken now (resumed segment), or waited for."""
-        call = StepCall(DECISION_STEP, state.kind.value, fingerprint(digest))
-        entry = self._next(call)
-        if entry is not None:
-            self._taken = _resumption_of(entry.value)
-            return self._taken
-        decision = self.decision
-        if decision is not None and not self._by_hand:
-            resumption = self._resumption()
-            if decision.kind is not state.kind or decision.digest != digest or not resumption:
-                found = StepCall(DECISION_STEP, decision.kind.value, fingerprint(decision.digest))
-                self._journal.diverged = NonDeterministic(self._journal.position, found, call)
-                raise self._journal.diverged
-            self._take(call, resumption)
-            return resumption
-        woke = self._segment.run.state.woke
-        if woke is not None and woke.kind is state.kind and woke.digest == digest:
-            # Claimed at the wait's deadline with nobody's decision: it expired (ADR 0073).
-            expired = Resumption(
-                kind=state.kind,
-                approved=False,
-                by=waits.EXPIRED_BY,
-                calls=state.calls,
-                conversation=state.conversation,
-                values=None,
-                expired=True,
-            )
-            self._take(call, expired)
-            return expired
-        return self._suspend(state, digest, tools, waits.timeout_ms(timeout))
-
-    def _take(self, call: StepCall, resumption: Resumption) -> None:
-        """Record the agent taking its decision as a step (its outcome journaled)."""
-        self._segment.boundary()
-        probe = self._segment.probe.step_started(call.kind, call.name, self.next_seq)
-        self._taken = resumption
-        value = {
-            "kind": resumption.kind.value,
-            "approved": resumption.approved,
-            "by": resumption.by,
-            "calls": [c.model_dump(mode="json") for c in resumption.calls],
-            "conversation": resumption.conversation,
-            "values": resumption.values,
-            "expired": resumption.expired,
-        }
-        # The log gets who decided and how, never the calls' or the input's content (ADR
-        # 0008); the journal keeps it verbatim, like the resumable state it came from.
-        payload: dict[str, Any] = {"approved": resumption.approved, "by": resumption.by}
-        if resumption.expired:
-            payload["expired"] = True
-        self._record(
-            call=call,
-            started=time.perf_counter(),
-            payload=payload,
-            extra=None,
-            error=None,
-            result=value,
-            log_result=False,
-            probe=probe,
-        )
-        probe.close()
 
     def run_pending(
         self, tools: Mapping[str, Callable[..., Any]] | Callable[[PendingCall], Any]
@@ -457,43 +385,6 @@ class RunContext:
         if resumed is None or resumed.kind is not WaitKind.APPROVAL:
             raise RuntimeError("run_pending is for a segment resumed after an approval")
         return [(c, _bind(tools, c) if resumed.approved else None) for c in resumed.calls]
-
-    def _suspend(
-        self,
-        state: ResumableState,
-        digest: str,
-        tools: tuple[str, ...],
-        deadline_ms: int | None = None,
-    ) -> Never:
-        check_depth(state.conversation, "the saved conversation")
-        body = canonical_json(jsonable(state.model_dump(mode="json")))
-        check_size(len(body), self._max_payload_bytes, "the saved resumable state")
-        kind = state.kind
-        self.note_replay()
-
-        logged_schema = filter_schema(state.input_schema, self._privacy)
-
-        def suspend(run: Run) -> None:
-            run.suspend(
-                kind=kind,
-                digest=digest,
-                pending_tools=tools,
-                input_schema=logged_schema,
-                timeout_ms=deadline_ms,
-            )
-
-        try:
-            self._segment.commit(suspend, resumable=body)
-        except LeaseLost as lost:
-            # A cancel (or a takeover) won the race: the run was not suspended. First outcome
-            # wins, so it stays as the canceller left it; this segment reports suspend_failed.
-            if lost.outcome is Outcome.CANCELLED:
-                raise LeaseLost(Outcome.SUSPEND_FAILED, lost.why) from lost
-            raise
-        self.log.info("run_suspended", waiting_for=kind.value, version=self._segment.run.version)
-        raise Suspend(
-            Outcome.AWAITING_APPROVAL if kind is WaitKind.APPROVAL else Outcome.AWAITING_INPUT
-        )
 
     # -- steps ---------------------------------------------------------------------------------
 
