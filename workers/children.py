@@ -249,11 +249,11 @@ def _wait(
     if arrived:
         return _take(ctx, call, min(arrived, key=lambda s: s.seq))
     if woken_at(ctx._segment.run.state, WaitKind.EVENT, seq, names[0]):
-        waits._record(ctx, call, {"timed_out": True}, {"timed_out": True})
+        waits.record_outcome(ctx, call, {"timed_out": True}, {"timed_out": True})
         raise waits.WaitTimedOut(what, timeout)
     guard = SignalGuard(names[0], 0, names=tuple(names[1:]))
     try:
-        waits._suspend(
+        waits.suspend_for(
             ctx,
             WaitKind.EVENT,
             seq=seq,
@@ -271,5 +271,5 @@ def _take(ctx: RunContext, call: StepCall, signal: Signal) -> dict[str, Any]:
     result stays out of the log, ADR 0008), in the journal all of it."""
     body: dict[str, Any] = json.loads(signal.payload)
     logged = {"signal": signal.seq, "child": body.get("child"), "status": body.get("status")}
-    waits._record(ctx, call, logged, {"signal": signal.seq, "body": body})
+    waits.record_outcome(ctx, call, logged, {"signal": signal.seq, "body": body})
     return body

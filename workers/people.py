@@ -9,7 +9,6 @@ waited for: the resumable state is saved verbatim and the run suspends (no lease
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Never
 
 from steptrail.domain.decisions import ResumableState
@@ -68,8 +67,6 @@ def await_decision(
 
 def take(ctx: RunContext, call: StepCall, resumption: Resumption) -> None:
     """Record the agent taking its decision as a step (its outcome journaled)."""
-    ctx._segment.boundary()
-    probe = ctx._segment.probe.step_started(call.kind, call.name, ctx.next_seq)
     ctx._taken = resumption
     value = {
         "kind": resumption.kind.value,
@@ -85,17 +82,7 @@ def take(ctx: RunContext, call: StepCall, resumption: Resumption) -> None:
     payload: dict[str, Any] = {"approved": resumption.approved, "by": resumption.by}
     if resumption.expired:
         payload["expired"] = True
-    ctx._record(
-        call=call,
-        started=time.perf_counter(),
-        payload=payload,
-        extra=None,
-        error=None,
-        result=value,
-        log_result=False,
-        probe=probe,
-    )
-    probe.close()
+    waits.record_outcome(ctx, call, payload, value)
 
 
 def suspend(

@@ -86,9 +86,9 @@ def sleep(ctx: RunContext, seconds: float, name: str) -> None:
         return
     seq = ctx.next_seq
     if ms == 0 or woken_at(ctx._segment.run.state, WaitKind.TIMER, seq, call.name):
-        _record(ctx, call, {"slept_ms": ms}, {"slept_ms": ms})
+        record_outcome(ctx, call, {"slept_ms": ms}, {"slept_ms": ms})
         return
-    _suspend(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
+    suspend_for(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
 
 
 def sleep_until(ctx: RunContext, when: datetime, name: str) -> None:
@@ -122,11 +122,11 @@ def wait_event(ctx: RunContext, name: str, timeout: float | None) -> Any:
     if signal is not None:
         return _take(ctx, call, signal)
     if woken_at(ctx._segment.run.state, WaitKind.EVENT, seq, name):
-        _record(ctx, call, {"timed_out": True}, {"timed_out": True})
+        record_outcome(ctx, call, {"timed_out": True}, {"timed_out": True})
         raise WaitTimedOut(f"event {name!r}", timeout)
     try:
         guard = SignalGuard(name, consumed.get(name, 0))
-        _suspend(ctx, WaitKind.EVENT, seq=seq, name=name, ms=ms, guard=guard)
+        suspend_for(ctx, WaitKind.EVENT, seq=seq, name=name, ms=ms, guard=guard)
     except SignalArrived as arrived:  # it landed while the run was running: take it now
         return _take(ctx, call, arrived.signal)
 
@@ -136,11 +136,12 @@ def _take(ctx: RunContext, call: StepCall, signal: Signal) -> Any:
     journal only (the log's record is privacy-filtered metadata, ADR 0008)."""
     payload = json.loads(signal.payload)
     ctx._signals_taken[signal.name] = signal.seq
-    _record(ctx, call, {"signal": signal.seq}, {"signal": signal.seq, "payload": payload})
+    record_outcome(ctx, call, {"signal": signal.seq}, {"signal": signal.seq, "payload": payload})
     return payload
 
 
-def _record(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any) -> None:
+def record_outcome(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any) -> None:
+    """Record a wait's outcome as its step: `logged` in the log, `value` in the journal."""
     segment = ctx._segment
     segment.boundary()
     probe = segment.probe.step_started(call.kind, call.name, ctx.next_seq)
@@ -157,7 +158,7 @@ def _record(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any)
     probe.close()
 
 
-def _suspend(
+def suspend_for(
     ctx: RunContext,
     kind: WaitKind,
     *,
