@@ -8,6 +8,7 @@ Short leases keep it fast; every loop is bounded by a deadline.
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import time
@@ -19,7 +20,7 @@ import pytest
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.run import Run
 from tests.acceptance import agents
-from tests.acceptance.helpers import replace_worker, spawn_worker
+from tests.acceptance.helpers import replace_worker, spawn_worker, steptrail
 from tests.acceptance.test_faults import check_trails, stop
 from tests.conftest import make_runtime
 
@@ -100,3 +101,26 @@ def test_chaos__a_fanout_of_20_survives_sigkills_of_parent_and_children(
     finally:
         stop(procs)
         rt.close()
+
+
+def test_show__the_command_line_links_a_family_both_ways(db_url: str) -> None:
+    """`steptrail show` lists a parent's children and names a child's parent, in text and
+    in `--json`."""
+    rt = make_runtime(db_url, agents.app, privacy_level="full")
+    try:
+        parent = rt.enqueue("chaos_parent", {"n": 2, "sleep": 0})
+        deadline = time.monotonic() + 30
+        while not rt.get(parent).status.is_terminal:
+            assert time.monotonic() < deadline
+            rt.work(burst=True)
+        children = rt.store.children(parent)
+    finally:
+        rt.close()
+    shown = json.loads(steptrail("show", str(parent), "--json", url=db_url).stdout)
+    assert shown["family"]["parent"] is None
+    assert sorted(c["id"] for c in shown["family"]["children"]) == sorted(
+        str(c.run_id) for c in children
+    )
+    text = steptrail("show", str(children[0].run_id), url=db_url).stdout
+    assert f"parent: {parent} chaos_parent completed" in text
+    assert "children (2):" in steptrail("show", str(parent), url=db_url).stdout
