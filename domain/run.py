@@ -85,6 +85,11 @@ class Run:
         # before queues existed reads as the default queue at priority 0.
         queue: str = "default"
         priority: int = 0
+        # A child run's parent, the parent's step that started it and the parent's privacy
+        # level (ADR 0075); None for every other run and every event stored before.
+        parent_id: UUID | None = None
+        parent_seq: int | None = None
+        privacy: PrivacyLevel | None = None
 
         def apply(self, state: RunState | None) -> RunState:
             if state is not None:
@@ -100,6 +105,9 @@ class Run:
                 trace_parent=self.trace_parent,
                 queue=self.queue,
                 priority=self.priority,
+                parent_id=self.parent_id,
+                parent_seq=self.parent_seq,
+                parent_privacy=self.privacy,
             )
 
     class Started(RunEvent):
@@ -448,6 +456,9 @@ class Run:
         self._committed_version = state.version
         self._pending: list[RunEvent] = []
         self._pending_journal: list[tuple[int, JournalEntry]] = []
+        # What a settling child run hands its parent (its verbatim result; ADR 0075): never
+        # an event, the store puts it into the parent's inbox with the settle.
+        self.for_parent: Any = None
 
     @classmethod
     def enqueue(
@@ -461,11 +472,12 @@ class Run:
         trace_parent: str | None = None,
         queue: str = "default",
         priority: int = 0,
+        parent: tuple[UUID, int, PrivacyLevel] | None = None,
     ) -> Run:
         """A new queued run. Its request body is saved by the store, keyed by the run.
         `trace_parent` (a W3C traceparent) is the trace its segments join; `queue` and
         `priority` are where and in which order the claim takes it (checked by the caller,
-        `domain.queues`)."""
+        `domain.queues`); `parent` is a child run's (parent id, step seq, privacy level)."""
         event = cls.Queued(
             actor=actor,
             run_id=run_id,
@@ -476,6 +488,10 @@ class Run:
             queue=queue,
             priority=priority,
         )
+        if parent is not None:
+            event = event.model_copy(
+                update={"parent_id": parent[0], "parent_seq": parent[1], "privacy": parent[2]}
+            )
         return cls._created(event)
 
     @classmethod

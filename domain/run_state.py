@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from steptrail.domain.enums import (
     Effect,
     FailureClass,
+    PrivacyLevel,
     RunStatus,
     Segment,
     TerminationReason,
@@ -66,6 +67,9 @@ class Waiting(BaseModel):
     # The wait's deadline, as a duration from the suspending append (ADR 0068): the store
     # makes the run claimable at that append's instant plus this.
     timeout_ms: int | None = None
+    # A wait for any of several signals (`wait_any` on child runs, ADR 0075): every name
+    # that ends it; `name` is the first of them.
+    names: tuple[str, ...] = ()
 
 
 class Decision(BaseModel):
@@ -123,6 +127,11 @@ class RunState(BaseModel):
     # run index, which the claim walks by them.
     queue: str = "default"
     priority: int = 0
+    # A child run (ADR 0075): its parent, the parent's step that started it, and the
+    # parent's privacy level, which the child keeps if it is stricter than its agent's.
+    parent_id: UUID | None = None
+    parent_seq: int | None = None
+    parent_privacy: PrivacyLevel | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """This state with `changes` (field values of the right types, from the events'

@@ -54,6 +54,14 @@ class SignalGuard:
 
     name: str
     after_seq: int
+    # A wait for any of several child runs (ADR 0075): their signals, each sent once, so
+    # any of them in the inbox at all ends it; the first by arrival wins.
+    names: tuple[str, ...] = ()
+
+
+def guard_names(guard: SignalGuard) -> list[tuple[str, int]]:
+    """(name, after seq) of every signal that satisfies `guard`."""
+    return [(guard.name, guard.after_seq)] + [(name, 0) for name in guard.names]
 
 
 class SignalArrived(DomainError):
@@ -74,6 +82,8 @@ class WaitStarted(RunEvent):
     seq: int
     name: str | None = None
     timeout_ms: int | None = None
+    # A wait for any of several signals (`wait_any`, ADR 0075): each ends it.
+    names: tuple[str, ...] = ()
 
     def apply(self, state: RunState | None) -> RunState:
         s = self._require(state)
@@ -84,6 +94,7 @@ class WaitStarted(RunEvent):
             name=self.name,
             seq=self.seq,
             timeout_ms=self.timeout_ms,
+            names=self.names,
         )
         return released_state(
             s, _STATUS[self.kind], waiting=waiting, decision=None, wake_after_ms=self.timeout_ms
@@ -119,7 +130,13 @@ def check_signal_name(name: str) -> str:
 
 
 def start_wait(
-    run: Run, *, kind: WaitKind, seq: int, name: str | None = None, timeout_ms: int | None = None
+    run: Run,
+    *,
+    kind: WaitKind,
+    seq: int,
+    name: str | None = None,
+    timeout_ms: int | None = None,
+    names: tuple[str, ...] = (),
 ) -> None:
     """The holder suspends its run until a timer or a signal ends the wait."""
     holder = run.holder("wait")
@@ -131,14 +148,20 @@ def start_wait(
         raise IllegalTransition("a timer needs its duration")
     if kind is WaitKind.EVENT:
         check_signal_name(name or "")
-    run.trigger(WaitStarted(actor=holder, kind=kind, seq=seq, name=name, timeout_ms=timeout_ms))
+    for other in names:
+        check_signal_name(other)
+    run.trigger(
+        WaitStarted(actor=holder, kind=kind, seq=seq, name=name, timeout_ms=timeout_ms, names=names)
+    )
 
 
 def waits_for(state: RunState, name: str) -> bool:
     """Whether delivering a signal named `name` ends the run's current wait."""
     waiting = state.waiting
     return (
-        state.status is RunStatus.WAITING_FOR_EVENT and waiting is not None and waiting.name == name
+        state.status is RunStatus.WAITING_FOR_EVENT
+        and waiting is not None
+        and (waiting.name == name or name in waiting.names)
     )
 
 

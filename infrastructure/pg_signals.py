@@ -16,7 +16,7 @@ from psycopg.rows import DictRow
 
 from steptrail.domain.errors import UnknownRun, VersionConflict
 from steptrail.domain.run import Run
-from steptrail.domain.waits import Signal, SignalArrived, SignalGuard
+from steptrail.domain.waits import Signal, SignalArrived, SignalGuard, guard_names
 
 
 class _Store(Protocol):
@@ -82,12 +82,14 @@ class PostgresSignals:
         the inbox already (SignalArrived), the row being locked before the inbox is read."""
         with self._connection() as conn, conn.transaction():
             _lock_row(self, conn, run)
-            row = conn.execute(
-                self.q["select_next_signal"],
-                {"run_id": run.id, "name": guard.name, "after": guard.after_seq},
-            ).fetchone()
-            if row is not None:
-                raise SignalArrived(_signal(row))
+            found = []
+            for name, after in guard_names(guard):
+                row = conn.execute(
+                    self.q["select_next_signal"], {"run_id": run.id, "name": name, "after": after}
+                ).fetchone()
+                found += [_signal(row)] if row is not None else []
+            if found:
+                raise SignalArrived(min(found, key=lambda signal: signal.seq))
             statement, params = self.append_statement(run, resumable=resumable)
             conn.execute(self.q[statement], params)
         run.mark_committed()

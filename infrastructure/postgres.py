@@ -31,6 +31,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
+from steptrail.domain.children import settles_child
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
@@ -39,6 +40,7 @@ from steptrail.domain.queues import priority_changed
 from steptrail.domain.run import Run, RunEvent
 from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
+from steptrail.infrastructure.pg_children import PostgresChildren
 from steptrail.infrastructure.pg_signals import PostgresSignals
 from steptrail.infrastructure.rate_limits_store import PostgresRateLimits
 from steptrail.infrastructure.reporting_store import PROJECTION
@@ -248,7 +250,12 @@ class OneConnection:
 
 
 class PostgresRunStore(
-    PostgresRunIds, PostgresSchedules, PostgresRateLimits, PostgresSignals, ClaimsOne
+    PostgresRunIds,
+    PostgresSchedules,
+    PostgresRateLimits,
+    PostgresSignals,
+    PostgresChildren,
+    ClaimsOne,
 ):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
 
@@ -495,6 +502,10 @@ class PostgresRunStore(
             return []
         if unless_signal is not None:
             self.append_guarded(run, unless_signal, resumable)
+            return []
+        if settles_child(run):  # its parent's signal in the same transaction (ADR 0075)
+            keep = run.state.status.is_terminal and keeps_request(run.state)
+            self.settle_child(run, resumable=resumable, keep_request=keep)
             return []
         name, params = self.append_statement(run, resumable=resumable)
         rows: list[DictRow] = []
@@ -1075,6 +1086,7 @@ _MANY_COLUMNS = {
     "request": "requests",
     "queue": "queues",
     "priority": "priorities",
+    "parent_id": "parent_ids",
 }
 
 

@@ -26,12 +26,14 @@ from uuid import UUID, uuid4
 from eventsourcing.persistence import InterfaceError, PersistenceError
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteDatastore
 
+from steptrail.domain.children import settles_child
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RecordedEvent
 from steptrail.domain.run import Run, RunEvent, RunState
 from steptrail.domain.waits import SignalGuard
+from steptrail.infrastructure.children_store import SQLiteChildren
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.rate_limits_store import SQLiteRateLimits
 from steptrail.infrastructure.run_ids import SQLiteRunIds
@@ -369,6 +371,10 @@ def _cache_statements(pool: SQLiteConnectionPool) -> None:
     pool._create_connection = create  # type: ignore[method-assign]
 
 
+def _hex(run_id: UUID | None) -> str | None:
+    return run_id.hex if run_id is not None else None
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -527,7 +533,9 @@ class _PreparedAppend:
     wake: bool
 
 
-class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSignals, ClaimsOne):
+class SQLiteRunStore(
+    SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSignals, SQLiteChildren, ClaimsOne
+):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 
     backend = "sqlite"
@@ -715,6 +723,7 @@ class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSign
     def _params(run: Run, at: int) -> dict[str, Any]:
         params = state_params(run.state)
         params["run_id"] = run.id.hex
+        params["parent_id"] = _hex(run.state.parent_id)
         params["doc"] = document_json(run.state)
         params["at"] = at
         return params
@@ -841,13 +850,18 @@ class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSign
         # Everything is encoded before the write lock is taken; inside it only SQL runs, and
         # the statements that run with every step bind by position (ADR 0039).
         prepared = self._prepare_append(run, resumable)
+        parent: Run | None = None
         with self._write() as (cur, at):
             self._write_append(cur, at, prepared)
+            if settles_child(run):  # its parent's signal in the same write (ADR 0075)
+                parent = self.tell_parent(cur, at, run)
             # A settle that claims the worker's next run in the same transaction (ADR 0058):
             # one write-lock turn instead of two. The settled run is claimable only if it
             # was requeued without a delay (available_at = at), as by any other claim.
             rows = self._claim_rows(cur, at, then_claim) if then_claim is not None else []
         run.mark_committed()
+        if parent is not None:
+            parent.mark_committed()
         if prepared.wake:
             self._woken.set()
         return self._claimed(rows, then_claim, at) if then_claim is not None and rows else []
@@ -1193,6 +1207,7 @@ class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSign
     def _row_params(row: RunRow) -> dict[str, Any]:
         params = state_params(row.state)
         params["run_id"] = row.state.run_id.hex
+        params["parent_id"] = _hex(row.state.parent_id)
         params["doc"] = json.dumps(params["doc"], separators=(",", ":"))
         params.update(
             lease_expires_at=to_us(row.lease_expires_at),

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from steptrail.domain.errors import UnknownRun, VersionConflict
 from steptrail.domain.run import Run
-from steptrail.domain.waits import Signal, SignalArrived, SignalGuard
+from steptrail.domain.waits import Signal, SignalArrived, SignalGuard, guard_names
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -100,13 +100,16 @@ class SQLiteSignals:
         the inbox already (SignalArrived)."""
         with self._write() as (cur, at):
             _check_version(self, cur, run)
-            cur.execute(
-                self.q["select_next_signal"],
-                {"run_id": run.id.hex, "name": guard.name, "after": guard.after_seq},
-            )
-            row = cur.fetchone()
-            if row is not None:
-                raise SignalArrived(_signal(row))
+            found = []
+            for name, after in guard_names(guard):
+                cur.execute(
+                    self.q["select_next_signal"],
+                    {"run_id": run.id.hex, "name": name, "after": after},
+                )
+                row = cur.fetchone()
+                found += [_signal(row)] if row is not None else []
+            if found:
+                raise SignalArrived(min(found, key=lambda signal: signal.seq))
             self.append_in(cur, at, run, resumable)
         run.mark_committed()
 

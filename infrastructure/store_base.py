@@ -54,7 +54,13 @@ def listing_query(status: str | None, agent: str | None = None) -> str:
 def state_params(state: RunState) -> dict[str, Any]:
     """The run index parameters for `state` (columns, document, retry delay)."""
     columns, document = split_state(state)
-    return {**columns, "doc": document, "retry_delay_ms": claimable_after_ms(state)}
+    return {
+        **columns,
+        "doc": document,
+        "retry_delay_ms": claimable_after_ms(state),
+        # Written when the row is inserted (a child run's parent never changes; ADR 0075).
+        "parent_id": state.parent_id,
+    }
 
 
 def encoded_events(run: Run) -> list[tuple[int, str, bytes]]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from steptrail.async_runtime import AsyncRuntime, open_async
+    from steptrail.domain.children import ChildFailed
     from steptrail.domain.classifier import (
         ClassifiedError,
         FallbackChainExhausted,
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from steptrail.projections.run_index import RunRow
     from steptrail.runtime import InvalidItem, InvalidRequest, Runtime, open_runtime
     from steptrail.workers.async_context import AsyncRunContext
+    from steptrail.workers.children import ChildHandle
     from steptrail.workers.context import (
         AwaitableInSyncStep,
         Recorded,
@@ -89,6 +91,8 @@ if TYPE_CHECKING:
 _WHERE: dict[str, str] = {
     "AlreadyRetried": "steptrail.workers.retries",
     "App": "steptrail.workers.registry",
+    "ChildFailed": "steptrail.domain.children",
+    "ChildHandle": "steptrail.workers.children",
     "AsyncRunContext": "steptrail.workers.async_context",
     "AsyncRuntime": "steptrail.async_runtime",
     "AwaitableAgent": "steptrail.workers.execute",
@@ -170,6 +174,8 @@ __all__ = [
     "AsyncRuntime",
     "AwaitableAgent",
     "AwaitableInSyncStep",
+    "ChildFailed",
+    "ChildHandle",
     "ClassifiedError",
     "DigestMismatch",
     "Effect",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # only named in annotations: importing them costs the pydanti
     from steptrail.domain.ports import RecordedEvent
     from steptrail.domain.run import Run
     from steptrail.projections.run_index import RunRow
+    from steptrail.runtime_views import Family
 
 
 def inert(value: object) -> str:
@@ -214,6 +215,37 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
 def print_run(console: Console, row: RunRow, events: Sequence[RecordedEvent]) -> None:
     console.print(run_table(row))
     console.print(trail_table(events))
+
+
+def family_lines(family: Family) -> list[str]:
+    """What `show` says of a run's parent and children (ADR 0075), plain text."""
+    lines = []
+    if family.parent is not None:
+        pid, agent, status = family.parent
+        lines.append(f"parent: {pid} {agent} {status.value}")
+    elif family.parent_id is not None:
+        gone = "purged" if family.parent_purged else "not found"
+        lines.append(f"parent: {family.parent_id} ({gone})")
+    if family.children:
+        lines.append(f"children ({len(family.children)}):")
+        lines += [f"  {cid} {agent} {status.value}" for cid, agent, status in family.children]
+    return lines
+
+
+def family_dict(family: Family) -> dict[str, Any]:
+    """`show --json`'s `family`: the parent (id, agent, status, purged) and the children."""
+    parent: dict[str, Any] | None = None
+    if family.parent_id is not None:
+        parent = {"id": str(family.parent_id), "purged": family.parent_purged}
+        if family.parent is not None:
+            parent.update(agent=family.parent[1], status=family.parent[2].value)
+    return {
+        "parent": parent,
+        "children": [
+            {"id": str(cid), "agent": agent, "status": status.value}
+            for cid, agent, status in family.children
+        ],
+    }
 
 
 def run_summary(run: Run) -> str:

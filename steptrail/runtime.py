@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from steptrail.domain.actors import check_actor
+from steptrail.domain.children import PARENT_ACTOR
 from steptrail.domain.digest import digest
 from steptrail.domain.enums import TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, UnknownRun, VersionConflict
@@ -47,6 +49,7 @@ from steptrail.workers.telemetry import NO_TELEMETRY, Deferred, Telemetry, compo
 # only reads (`stats`, `runs`, `show`) or enqueues does not pay for it (ADR 0051).
 if TYPE_CHECKING:
     import asyncio
+    from uuid import UUID
 
     import structlog
     from opentelemetry.trace import TracerProvider
@@ -137,6 +140,7 @@ class Runtime(RuntimeEnqueue, RuntimeViews, RuntimeSchedules):
             policy=self.settings.retry_policy(),
             privacy=self.settings.privacy_level,
             max_payload_bytes=self.settings.max_payload_bytes,
+            max_request_bytes=self.settings.max_request_bytes,
         )
 
     # -- use cases -----------------------------------------------------------------------------
@@ -226,9 +230,18 @@ class Runtime(RuntimeEnqueue, RuntimeViews, RuntimeSchedules):
         """One reaper pass over at most `limit` stale runs."""
         return self.reaper().reap_once(limit)
 
-    def cancel(self, run_id: RunRef, *, by: str = "operator", note: str | None = None) -> RunRow:
+    def cancel(
+        self,
+        run_id: RunRef,
+        *,
+        by: str = "operator",
+        note: str | None = None,
+        keep_children: bool = False,
+    ) -> RunRow:
         """Cancel a queued, running or waiting run. A worker running it stops at its next
-        step boundary with outcome `cancelled`.
+        step boundary with outcome `cancelled`. Its unfinished child runs are cancelled
+        too, recursively, each recorded as cancelled by `parent:<its parent's id>`, after
+        the run itself (ADR 0075); `keep_children` leaves them be.
 
         Raises:
             UnknownRun: no such run.
@@ -247,8 +260,19 @@ class Runtime(RuntimeEnqueue, RuntimeViews, RuntimeSchedules):
             except VersionConflict:
                 continue  # the holder appended a step meanwhile; cancel the newer state
             self.log.info("run_cancelled", run_id=str(run_id), by=by, version=run.version)
+            if not keep_children:
+                self._cancel_children(run_id)
             return self.get(run_id)
         raise IllegalTransition(f"run {run_id} kept changing; cancel did not land")
+
+    def _cancel_children(self, run_id: UUID) -> None:
+        """Cancel the unfinished children of a cancelled run, each in its own transaction
+        (children are locked after their parent has settled: no lock is held across)."""
+        for child in self.store.children(run_id):
+            if child.status.is_terminal:
+                continue
+            with suppress(IllegalTransition):  # it settled meanwhile: nothing to cancel
+                self.cancel(child.run_id, by=f"{PARENT_ACTOR}{run_id}")
 
     def set_priority(self, run_id: RunRef, priority: int, *, by: str = "operator") -> RunRow:
         """Change the claim priority of a queued or waiting run (ADR 0077); nothing is

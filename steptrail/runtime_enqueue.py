@@ -9,21 +9,22 @@ module functions here, so the command line can run them before it opens a databa
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from pydantic import ValidationError
-
 from steptrail.domain.actors import check_actor
-from steptrail.domain.digest import canonical_json, digest
+from steptrail.domain.digest import digest
 from steptrail.domain.errors import InvalidActor
-from steptrail.domain.ids import ENTROPY_BYTES, time_ordered_id
-from steptrail.domain.limits import ENQUEUE_BATCH, PayloadRejected, check_depth, check_size
+from steptrail.domain.limits import ENQUEUE_BATCH
 from steptrail.domain.run import Run
 from steptrail.workers.registry import App, UnknownAgent
+from steptrail.workers.requests import InvalidRequest as InvalidRequest  # noqa: PLC0414
+from steptrail.workers.requests import encode_request
+from steptrail.workers.requests import new_run_id as new_run_id  # noqa: PLC0414
+
+# InvalidRequest and new_run_id moved to workers/requests.py for child runs (ADR 0075);
+# they are re-exported here, where the runtime and the command line import them from.
 
 if TYPE_CHECKING:
     import structlog
@@ -35,17 +36,6 @@ if TYPE_CHECKING:
 
 MAX_KEY_LENGTH = 1000
 ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor", "queue", "priority")
-
-
-def new_run_id() -> UUID:
-    """A new run's id: a UUID that sorts by the millisecond it was made (version 7), so the
-    rows of runs made together share pages and a purge of the oldest runs walks one end of
-    every table keyed by run (ADR 0052)."""
-    return time_ordered_id(time.time_ns() // 1_000_000, os.urandom(ENTROPY_BYTES))
-
-
-class InvalidRequest(ValueError):
-    """A request cannot be enqueued as given (not JSON, or not what the agent accepts)."""
 
 
 class InvalidItem(InvalidRequest):
@@ -328,35 +318,8 @@ def request_body(
     app: App, settings: Settings, agent: str, request: Mapping[str, Any] | None
 ) -> bytes:
     """The canonical JSON a request is stored as, once checked against the agent's model
-    and the size and depth limits."""
-    spec = app.get(agent)
-    value: Any = {} if request is None else request
-    if not isinstance(value, Mapping):
-        raise InvalidRequest("a request must be a JSON object")
-    try:
-        check_depth(value, "the request")
-    except PayloadRejected as error:
-        raise InvalidRequest(str(error)) from error
-    if spec.request_model is not None:
-        try:
-            value = spec.request_model.model_validate(value).model_dump(
-                mode="json", by_alias=True, exclude_unset=True
-            )
-        except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
-                for e in error.errors()
-            )
-            raise InvalidRequest(f"invalid request for {agent!r}: {problems}") from error
-    try:
-        body = canonical_json(dict(value))
-    except (TypeError, ValueError, RecursionError) as error:
-        raise InvalidRequest(f"the request cannot be serialised as JSON: {error}") from error
-    try:
-        check_size(len(body), settings.max_request_bytes, "the request")
-    except PayloadRejected as error:
-        raise InvalidRequest(f"{error} (STEPTRAIL_MAX_REQUEST_BYTES)") from error
-    return body
+    and the size and depth limits (`workers.requests.encode_request`)."""
+    return encode_request(app, agent, request, max_bytes=settings.max_request_bytes)
 
 
 def trace_fields(run: Run) -> dict[str, str]:

@@ -8,6 +8,7 @@ run accepts its id, its text, or a unique part of it (`resolve`, ADR 0074).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -38,6 +39,18 @@ if TYPE_CHECKING:
     from steptrail.workers.retention import PurgeReport, RetentionPolicy
 
 RunRef = UUID | str
+
+
+@dataclass(frozen=True)
+class Family:
+    """A run's place in its family (ADR 0075): its parent's id (None: not a child), the
+    parent as (id, agent, status) while it exists, whether it was purged, and the
+    children as (id, agent, status), oldest first."""
+
+    parent_id: UUID | None
+    parent: tuple[UUID, str, RunStatus] | None
+    parent_purged: bool
+    children: list[tuple[UUID, str, RunStatus]]
 
 
 class RuntimeViews:
@@ -151,6 +164,29 @@ class RuntimeViews:
         if not events and (first == 1 or self.store.row(run_id) is None):
             raise self._unknown(run_id)
         return events
+
+    def family(self, run_id: RunRef) -> Family:
+        """A run's parent and children (ADR 0075): each as (id, agent, status); a parent
+        that was purged is named with `parent_purged` (its tombstone), never left out.
+
+        Raises:
+            UnknownRun: no such run.
+        """
+        run_id = self.resolve(run_id)
+        row = self.store.row(run_id)
+        if row is None:
+            raise self._unknown(run_id)
+        parent_id = row.state.parent_id
+        parent: tuple[UUID, str, RunStatus] | None = None
+        purged = False
+        if parent_id is not None:
+            found = self.store.row(parent_id)
+            if found is not None:
+                parent = (parent_id, found.state.agent, found.status)
+            else:
+                purged = self.store.tombstone(parent_id) is not None
+        children = [(c.run_id, c.state.agent, c.status) for c in self.store.children(run_id)]
+        return Family(parent_id, parent, purged, children)
 
     def _unknown(self, run_id: UUID) -> UnknownRun:
         tombstone = self.store.tombstone(run_id)

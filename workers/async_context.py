@@ -30,6 +30,7 @@ from steptrail.domain.decisions import DENIED, PendingCall
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.run import Decision
 from steptrail.workers import rate_limits
+from steptrail.workers.children import ChildHandle
 from steptrail.workers.context import (
     CallResult,
     LiveStep,
@@ -357,6 +358,31 @@ class AsyncRunContext:
     async def wait_event(self, name: str, *, timeout: float | None = None) -> Any:
         """The payload of the next signal named `name` (see `RunContext.wait_event`)."""
         return await self._threads.call(self._core.wait_event, name, timeout=timeout)
+
+    # -- child runs (ADR 0075) ------------------------------------------------------------------
+
+    async def start_child(
+        self, agent: str, request: Mapping[str, Any] | None = None, *, key: str | None = None
+    ) -> ChildHandle:
+        """Start a run of `agent` as this run's child, exactly once (see
+        `RunContext.start_child`)."""
+        return await self._threads.call(self._core.start_child, agent, request, key=key)
+
+    async def wait_child(self, handle: ChildHandle, *, timeout: float | None = None) -> Any:
+        """The child's result once it settled (see `RunContext.wait_child`)."""
+        return await self._threads.call(self._core.wait_child, handle, timeout=timeout)
+
+    async def wait_all(
+        self, handles: Sequence[ChildHandle], *, timeout: float | None = None
+    ) -> list[Any]:
+        """Every child's result, in order (see `RunContext.wait_all`)."""
+        return await self._threads.call(self._core.wait_all, handles, timeout=timeout)
+
+    async def wait_any(
+        self, handles: Sequence[ChildHandle], *, timeout: float | None = None
+    ) -> tuple[ChildHandle, Any]:
+        """The first child to settle and its result (see `RunContext.wait_any`)."""
+        return await self._threads.call(self._core.wait_any, handles, timeout=timeout)
 
     # -- waiting for a person ------------------------------------------------------------------
 

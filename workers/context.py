@@ -58,7 +58,7 @@ from steptrail.domain.privacy import filter_payload, tool_label
 from steptrail.domain.rate_limits import RateLimit
 from steptrail.domain.run import Decision, Run
 from steptrail.domain.schemas import check_schema
-from steptrail.workers import decision_steps, rate_limits, waits
+from steptrail.workers import children, decision_steps, rate_limits, waits
 from steptrail.workers.context_parts import (  # re-exported: split out (ADR 0073)
     AwaitableInSyncStep,
     CallResult,
@@ -123,9 +123,11 @@ class RunContext:
         deadlines: Deadlines | None = None,
         clock: Callable[[], float] = time.monotonic,
         rate_limits: Mapping[str, RateLimit] | None = None,
+        spawner: children.Spawner | None = None,
     ) -> None:
         self._segment = segment
         self._rate_limits = rate_limits or {}
+        self._spawner = spawner
         self._declared_tools = declared_tools
         self._max_payload_bytes = max_payload_bytes
         self._privacy = privacy
@@ -254,6 +256,45 @@ class RunContext:
                 it again rather than waiting).
         """
         return waits.wait_event(self, name, timeout)
+
+    # -- child runs (ADR 0075) ------------------------------------------------------------------
+
+    def start_child(
+        self, agent: str, request: Mapping[str, Any] | None = None, *, key: str | None = None
+    ) -> children.ChildHandle:
+        """Start a run of `agent` as this run's child, exactly once however often this run
+        replays or crashes (a `child` step; `key` names it among its siblings, else its step
+        position does). It goes on this run's queue and keeps this run's privacy level
+        where that is stricter. Returns its handle for `wait_child`, `wait_all`, `wait_any`.
+
+        Raises:
+            UnknownAgent, InvalidRequest: before anything is written.
+        """
+        return children.start_child(self, agent, request, key)
+
+    def wait_child(self, handle: children.ChildHandle, *, timeout: float | None = None) -> Any:
+        """The child's result, waiting (no lease, no slot) until it settles.
+
+        Raises:
+            ChildFailed: the child failed for good or was cancelled (its failure class and
+                reason on the exception).
+            WaitTimedOut: `timeout` seconds passed first.
+        """
+        return children.wait_child(self, handle, timeout)
+
+    def wait_all(
+        self, handles: Sequence[children.ChildHandle], *, timeout: float | None = None
+    ) -> list[Any]:
+        """Every child's result, in the handles' order (`wait_child` on each in turn, each
+        wait bounded by `timeout`). Raises ChildFailed for the first that did not complete."""
+        return children.wait_all(self, handles, timeout)
+
+    def wait_any(
+        self, handles: Sequence[children.ChildHandle], *, timeout: float | None = None
+    ) -> tuple[children.ChildHandle, Any]:
+        """The first of the children to settle and its result (ChildFailed if it did not
+        complete; WaitTimedOut after `timeout` seconds)."""
+        return children.wait_any(self, handles, timeout)
 
     # -- waiting for a person ------------------------------------------------------------------
 

@@ -26,12 +26,18 @@ from steptrail.domain.errors import (  # re-exported: it was defined here before
 )
 from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
-from steptrail.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadRejected, check_depth
+from steptrail.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    PayloadRejected,
+    check_depth,
+)
 from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
 from steptrail.workers.async_context import AsyncRunContext
+from steptrail.workers.children import Spawner, stricter
 from steptrail.workers.context import (
     Deadlines,
     RunContext,
@@ -67,6 +73,7 @@ class ExecutionConfig:
     policy: RetryPolicy
     privacy: PrivacyLevel
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 class AwaitableAgent(TypeError):
@@ -210,7 +217,8 @@ class Executor:
     ) -> tuple[Segment, RunContext] | SegmentResult:
         """The segment and its context, ready to run the agent; or, when the journal cannot
         be read, the result of a segment that never started."""
-        privacy = spec.privacy or self.config.privacy
+        # A child run keeps its parent's level where that is stricter (ADR 0075).
+        privacy = stricter(spec.privacy or self.config.privacy, run.state.parent_privacy)
         segment = Segment(
             self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
         )
@@ -238,6 +246,7 @@ class Executor:
                 max_duration=spec.max_duration,
             ),
             rate_limits=self.app.rate_limits,
+            spawner=Spawner(self.app, self.config.max_request_bytes),
         )
         segment.probe = self.telemetry.segment_started(run)
         self.keeper.track(segment)
@@ -289,6 +298,8 @@ class Executor:
             ctx.check_size(body, "the run's result")
         except PayloadRejected as rejected:
             return self._on_failure(segment, ctx, rejected)
+        # A child hands its parent the verbatim result with its settle (ADR 0075).
+        run.for_parent = jsonable(result) if run.state.parent_id is not None else None
         settled = self._settle(
             segment, lambda r: r.complete(result=body, privacy=privacy), Outcome.COMPLETED
         )

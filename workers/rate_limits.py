@@ -136,7 +136,7 @@ def attempt(ctx: RunContext, rate: RateClaim) -> float:
         return answer.wait_s
     ms = math.ceil(answer.wait_s * 1000) + 1
     ctx.log.info("rate_limit_waiting", limit=name, wait_ms=ms, seq=ctx.next_seq)
-    return waits.suspend(  # raises Suspend: the run sleeps until the window allows
+    return waits.suspend_for(  # raises Suspend: the run sleeps until the window allows
         ctx, WaitKind.TIMER, seq=ctx.next_seq, name=STEP_NAME_PREFIX + name, ms=ms, guard=None
     )
 

@@ -18,12 +18,14 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from steptrail.domain.actors import check_actor
+from steptrail.domain.children import refuse_reserved
 from steptrail.domain.digest import canonical_json
 from steptrail.domain.errors import IllegalTransition, InvalidInput, UnknownRun, VersionConflict
 from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.ports import RunStore
 from steptrail.domain.run import Run
 from steptrail.domain.waits import check_signal_name, waits_for, wake
+from steptrail.workers.requests import problems
 
 # A run whose holder keeps appending steps moves its version under the sender; each attempt
 # reloads it. Steps are far slower than this loop, so a handful always suffices.
@@ -64,6 +66,7 @@ class Signals:
                 not JSON, or does not match the name's declared schema.
         """
         check_signal_name(name)
+        refuse_reserved(name)  # child runs' signals are steptrail's own (ADR 0075)
         try:
             check_depth(payload, "the signal's payload")
         except PayloadRejected as error:
@@ -73,11 +76,8 @@ class Signals:
             try:
                 payload = model.model_validate(payload).model_dump(mode="json")
             except ValidationError as error:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}"
-                    for e in error.errors()
-                )
-                raise InvalidInput(f"invalid payload for signal {name!r}: {problems}") from None
+                found = problems(error, "payload")
+                raise InvalidInput(f"invalid payload for signal {name!r}: {found}") from None
         try:
             body = canonical_json(payload)
         except (TypeError, ValueError, RecursionError) as error:

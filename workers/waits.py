@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Never
 
+from steptrail.domain.children import refuse_reserved
 from steptrail.domain.enums import Outcome, WaitKind
 from steptrail.domain.journal import StepCall, fingerprint
 from steptrail.domain.run import Run
@@ -87,7 +88,7 @@ def sleep(ctx: RunContext, seconds: float, name: str) -> None:
     if ms == 0 or woken_at(ctx._segment.run.state, WaitKind.TIMER, seq, call.name):
         record_outcome(ctx, call, {"slept_ms": ms}, {"slept_ms": ms})
         return
-    suspend(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
+    suspend_for(ctx, WaitKind.TIMER, seq=seq, name=call.name, ms=ms, guard=None)
 
 
 def sleep_until(ctx: RunContext, when: datetime, name: str) -> None:
@@ -104,6 +105,7 @@ def wait_event(ctx: RunContext, name: str, timeout: float | None) -> Any:
 
     Raises WaitTimedOut when `timeout` seconds pass first."""
     check_signal_name(name)
+    refuse_reserved(name)
     ms = timeout_ms(timeout)
     call = StepCall(EVENT_STEP, name, fingerprint(None))
     consumed = ctx._signals_taken
@@ -124,7 +126,7 @@ def wait_event(ctx: RunContext, name: str, timeout: float | None) -> Any:
         raise WaitTimedOut(f"event {name!r}", timeout)
     try:
         guard = SignalGuard(name, consumed.get(name, 0))
-        suspend(ctx, WaitKind.EVENT, seq=seq, name=name, ms=ms, guard=guard)
+        suspend_for(ctx, WaitKind.EVENT, seq=seq, name=name, ms=ms, guard=guard)
     except SignalArrived as arrived:  # it landed while the run was running: take it now
         return _take(ctx, call, arrived.signal)
 
@@ -157,7 +159,7 @@ def record_outcome(ctx: RunContext, call: StepCall, logged: dict[str, Any], valu
     probe.close()
 
 
-def suspend(
+def suspend_for(
     ctx: RunContext,
     kind: WaitKind,
     *,
@@ -165,13 +167,14 @@ def suspend(
     name: str,
     ms: int | None,
     guard: SignalGuard | None,
+    names: tuple[str, ...] = (),
 ) -> Never:
     """Suspend the run on a wait (one fenced append of `WaitStarted`) and end the agent
     function here; also the rate limit's long wait (workers/rate_limits.py)."""
     ctx.note_replay()
 
     def wait(run: Run) -> None:
-        start_wait(run, kind=kind, seq=seq, name=name, timeout_ms=ms)
+        start_wait(run, kind=kind, seq=seq, name=name, timeout_ms=ms, names=names)
 
     segment = ctx._segment
     try:

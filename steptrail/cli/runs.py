@@ -34,7 +34,14 @@ from steptrail.cli.app import (
 from steptrail.domain.enums import RunStatus, TerminationReason
 from steptrail.domain.errors import InvalidActor
 from steptrail.domain.limits import ENQUEUE_BATCH, MAX_DEPTH
-from steptrail.render import event_dict, print_run, row_dict, runs_table
+from steptrail.render import (
+    event_dict,
+    family_dict,
+    family_lines,
+    print_run,
+    row_dict,
+    runs_table,
+)
 
 if TYPE_CHECKING:  # the runtime is imported by the commands that open it (ADR 0043)
     from steptrail.domain.ports import RecordedEvent
@@ -476,13 +483,18 @@ def show(
             first, limit, every or (as_json and first is None and limit is None), last
         )
         events = rt.history(rid, first=page.first, limit=page.count)
+        family = rt.family(rid)
         if as_json:
             body: dict[str, Any] = {"run": row_dict(row), "events": [event_dict(e) for e in events]}
             if page.paged:
                 body["page"] = page_dict(page, events, last)
+            if family.parent_id is not None or family.children:
+                body["family"] = family_dict(family)
             emit_json(body)
             return
         print_run(out, row, events)
+        for line in family_lines(family):
+            out.print(line, highlight=False)
         footer = page.footer(events, last)
         if footer is not None:
             out.print(footer, highlight=False)
@@ -556,12 +568,17 @@ def cancel(
         str, typer.Argument(help="The run's id, or 8+ hex digits of it (as `runs` shows).")
     ],
     by: Annotated[str, typer.Option("--by", help="Who cancels (recorded).")] = "operator",
+    keep_children: Annotated[
+        bool,
+        typer.Option("--keep-children", help="Leave the run's unfinished child runs running."),
+    ] = False,
 ) -> None:
-    """Cancel a queued, running or waiting run (a worker running it stops at its next step)."""
+    """Cancel a queued, running or waiting run (a worker running it stops at its next step),
+    and its unfinished child runs with it, recursively (unless --keep-children)."""
     rid = parse_run_id(run_id)
     with runtime(ctx) as rt:
         rid = rt.resolve(rid)
-        row = rt.cancel(rid, by=by)
+        row = rt.cancel(rid, by=by, keep_children=keep_children)
         out.print(f"{rid} {row.status.value}")
 
 

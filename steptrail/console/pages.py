@@ -26,6 +26,7 @@ from steptrail.domain.run import Run, RunState, fold
 from steptrail.infrastructure.reporting_store import PageKey
 from steptrail.projections.reporting import DeadLetterRow, RunSummary
 from steptrail.runtime import Runtime
+from steptrail.runtime_views import Family
 from steptrail.workers.decisions import PendingDecision
 
 PAGE_SIZE = 50
@@ -219,6 +220,8 @@ class RunPage:
     # non-idempotent writes any retry from step 1 would repeat (what `force` is for).
     retry: RetryPlan | None = None
     recorded_writes: tuple[str, ...] = ()
+    # Its parent and children (ADR 0075), as `show` lists them.
+    family: Family | None = None
 
 
 def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
@@ -244,6 +247,7 @@ def run_page(rt: Runtime, run_id: UUID, at_version: int | None) -> RunPage:
         request_kept=rt.store.saved(run_id, "request") is not None,
         retry=rt.retry_plan(run_id) if failed else None,
         recorded_writes=rt.retry_plan(run_id, from_position=1).rerun_writes if failed else (),
+        family=rt.family(run_id),
     )
 
 

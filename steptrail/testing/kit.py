@@ -187,8 +187,9 @@ class Kit:
         a crashed segment's run is reclaimed by the reaper once its lease expired. At each
         suspension `decide` answers: "approve", "deny", input values, a function of the
         `PendingDecision` returning one of those, or None to stop there (the run stays
-        waiting). A run waiting for a signal stops the drive (deliver it with `signal`, then
-        drive again) unless its wait has a timeout; a sleep's time and every wait's deadline
+        waiting). A run waiting for its child runs drives them first, here, to their end
+        (ADR 0075). A run waiting for a signal stops the drive (deliver it with `signal`,
+        then drive again) unless its wait has a timeout; a sleep's time and every wait's deadline
         are skipped like a retry delay. Faults fire once each, in whichever segment reaches
         their step.
         """
@@ -204,6 +205,10 @@ class Kit:
                     break
                 if status.is_decidable and self._decide(run_id, decide, by):
                     continue
+                if status is RunStatus.WAITING_FOR_EVENT and self._follow_children(
+                    run_id, decide, by
+                ):
+                    continue  # a child settled (or moved on) here: look at the parent again
                 if status.is_waiting and row.available_at is None:
                     break  # waits for a person or a signal nobody sends here, with no deadline
                 # Queued, or waiting with a deadline (a timer, a timeout): the time is skipped
@@ -228,6 +233,17 @@ class Kit:
         finally:
             executor.keeper.close()
         return self.result(run_id, segments=segments, crashes=crashes)
+
+    def _follow_children(self, run_id: UUID, decide: Decide, by: str) -> bool:
+        """Drive the unfinished children of a run that waits for one (ADR 0075), each to its
+        end or its own stop; True if any of them moved."""
+        moved = False
+        for child in self.store.children(run_id):  # type: ignore[attr-defined]
+            if child.status.is_terminal:
+                continue
+            after = self.drive(child.run_id, decide=decide, by=by).row
+            moved = moved or after.state.version != child.state.version
+        return moved
 
     def _execute_one(self, executor: Executor, run_id: UUID) -> SegmentResult | None:
         settings = self.runtime.settings

@@ -196,3 +196,23 @@ def heavy_job(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
 
 
 app.queue("bulk")
+
+
+@app.agent("chaos_child")
+def chaos_child(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """A child of `chaos_parent`: two slow steps, then its number and square."""
+    n, sleep = int(request["n"]), float(request.get("sleep", 0.1))
+    for k in range(2):
+        ctx.llm(f"work-{k + 1}", lambda: time.sleep(sleep) or "ok")
+    return {"n": n, "square": n * n}
+
+
+@app.agent("chaos_parent")
+def chaos_parent(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+    """Fans out to `n` children (ADR 0075), a slow step between each start, and waits for
+    them all."""
+    handles = []
+    for n in range(int(request["n"])):
+        handles.append(ctx.start_child("chaos_child", {"n": n, "sleep": request.get("sleep")}))
+        ctx.llm(f"after-{n}", lambda: time.sleep(0.02) or "ok")
+    return {"results": ctx.wait_all(handles)}

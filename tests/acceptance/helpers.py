@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,18 @@ def spawn_worker(url: str, *args: str, log: Path, **extra: str) -> subprocess.Po
         stdout=handle,
         stderr=handle,
     )
+
+
+def replace_worker(
+    procs: list[subprocess.Popen[Any]],
+    logs: list[Path],
+    victim: int,
+    url: str,
+    log: Path,
+    **extra: str,
+) -> None:
+    """SIGKILL worker `victim` and start another in its place, logging to `log`."""
+    procs[victim].send_signal(signal.SIGKILL)
+    procs[victim].wait()
+    logs[victim] = log
+    procs[victim] = spawn_worker(url, "--concurrency", "4", log=log, **extra)

@@ -27,7 +27,7 @@ from steptrail.domain.errors import StoreUnavailable
 from steptrail.domain.run import Run
 from steptrail.runtime import Runtime
 from tests.acceptance import agents
-from tests.acceptance.helpers import spawn_worker, steptrail
+from tests.acceptance.helpers import replace_worker, spawn_worker, steptrail
 from tests.conftest import make_runtime
 
 pytestmark = pytest.mark.slow
@@ -158,12 +158,10 @@ def test_crash__sigkilled_workers_runs_still_finish_once(db_url: str, tmp_path: 
             # one may still be importing, and killing it would strand nothing.
             busy = [i for i, log in enumerate(logs) if "run_claimed" in log.read_text()]
             if kills < 6 and busy and time.monotonic() >= next_kill:
-                victim = rng.choice(busy)
-                procs[victim].send_signal(signal.SIGKILL)
-                procs[victim].wait()
                 kills += 1
-                logs[victim] = tmp_path / f"r{kills}.log"
-                procs[victim] = spawn_worker(db_url, "--concurrency", "4", log=logs[victim], **env)
+                replace_worker(
+                    procs, logs, rng.choice(busy), db_url, tmp_path / f"r{kills}.log", **env
+                )
                 next_kill = time.monotonic() + rng.uniform(0.3, 0.7)
             reaper.reap_once(50)
             time.sleep(0.2)

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from steptrail import App, RunContext
 from steptrail.domain.enums import RetryMode, RunStatus
 from steptrail.domain.errors import IllegalTransition
 from steptrail.domain.retry_plan import RetryPlan
@@ -328,3 +329,52 @@ def test_upgrade__rate_limits_work_after_migration_36(upgraded: Runtime) -> None
     assert store.acquire_rate("upgrade", 20, uuid.uuid4()).grant_id is None
     (row,) = upgraded.rate_limits()
     assert (row.limit.name, row.used_requests, row.used_tokens) == ("upgrade", 1, 20)
+
+
+# Child runs (ADR 0075): agents of their own, run by a second runtime on the upgraded database.
+FAMILY = App()
+
+
+@FAMILY.agent("upgrade_child")
+def upgrade_child(ctx: RunContext, request: dict[str, Any]) -> int:
+    return int(request["n"]) * 10
+
+
+@FAMILY.agent("upgrade_parent")
+def upgrade_parent(ctx: RunContext, request: dict[str, Any]) -> list[Any]:
+    handles = [ctx.start_child("upgrade_child", {"n": n}) for n in range(3)]
+    return ctx.wait_all(handles)
+
+
+@pytest.mark.parametrize("upgraded", VERSIONS, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__runs_stored_before_have_no_family_and_a_new_one_works(
+    upgraded: Runtime,
+) -> None:
+    """Migration 0034 on every earlier schema: the runs stored before are nobody's children
+    and have none (the new column is empty, the partial index has nothing in it); a parent
+    started after the upgrade fans out, its children find it by the column and it gets
+    their results; the index still equals its rebuild."""
+    rt = upgraded
+    old = rt.store.all_rows()
+    assert {r.state.parent_id for r in old} == {None}
+    assert [rt.store.children(r.run_id) for r in old] == [[] for _ in old]
+    family = make_runtime(rt.settings.database_url, app=FAMILY, privacy_level="full")
+    try:
+        parent = family.enqueue("upgrade_parent", {})
+        deadline = time.monotonic() + 30
+        while not family.get(parent).status.is_terminal:
+            assert time.monotonic() < deadline, family.get(parent).status
+            family.work(burst=True)
+        (done,) = [h.event for h in family.history(parent) if isinstance(h.event, Completed)]
+        assert done.result == {"result": [0, 10, 20]}
+        children = family.store.children(parent)
+        assert sorted(c.state.parent_seq for c in children) == [1, 2, 3]
+        assert family.family(children[0].run_id).parent == (
+            parent,
+            "upgrade_parent",
+            RunStatus.COMPLETED,
+        )
+    finally:
+        family.close()
+    catch_up(rt)
+    assert rt.verify() == []

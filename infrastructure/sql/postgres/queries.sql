@@ -44,7 +44,7 @@ WITH clock AS MATERIALIZED (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at, queue, priority
+        lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
     ) SELECT
         %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
         %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
@@ -53,7 +53,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + %(lease_ms)s::bigint * interval '1 millisecond' END,
         CASE WHEN %(status)s = 'queued'
             THEN clock.at + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-        clock.at, clock.at, %(queue)s, %(priority)s
+        clock.at, clock.at, %(queue)s, %(priority)s, %(parent_id)s::uuid
     FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -87,17 +87,17 @@ WITH clock AS MATERIALIZED (
         %(claim_versions)s::bigint[], %(requeue_counts)s::integer[], %(reasons)s::text[],
         %(keys)s::text[], %(docs)s::jsonb[], %(retry_delay_mss)s::bigint[],
         %(topics)s::text[], %(states)s::bytea[], %(requests)s::bytea[],
-        %(queues)s::text[], %(priorities)s::integer[]
+        %(queues)s::text[], %(priorities)s::integer[], %(parent_ids)s::uuid[]
     ) WITH ORDINALITY AS g(
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request,
-        queue, priority, ord
+        queue, priority, parent_id, ord
     )
 ), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at, queue, priority
+        lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
     ) SELECT
         g.run_id, g.agent, g.status, g.version, g.segment, g.holder, g.lease_ms,
         g.claim_version, g.requeue_count, g.reason, g.idempotency_key, g.doc,
@@ -105,7 +105,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + g.lease_ms * interval '1 millisecond' END,
         CASE WHEN g.status = 'queued'
             THEN clock.at + g.retry_delay_ms * interval '1 millisecond' END,
-        clock.at, clock.at, g.queue, g.priority
+        clock.at, clock.at, g.queue, g.priority, g.parent_id
     FROM given AS g, clock
     ORDER BY g.ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -405,13 +405,13 @@ DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
-    %(queue)s, %(priority)s
+    %(queue)s, %(priority)s, %(parent_id)s::uuid
 )
 ON CONFLICT (run_id) DO UPDATE SET
     agent = excluded.agent, status = excluded.status, version = excluded.version,
@@ -420,7 +420,7 @@ ON CONFLICT (run_id) DO UPDATE SET
     reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
     lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
     created_at = excluded.created_at, updated_at = excluded.updated_at,
-    queue = excluded.queue, priority = excluded.priority
+    queue = excluded.queue, priority = excluded.priority, parent_id = excluded.parent_id
 WHERE (
     steptrail_runs.agent, steptrail_runs.status, steptrail_runs.version,
     steptrail_runs.segment, steptrail_runs.holder, steptrail_runs.lease_ms,
@@ -443,13 +443,13 @@ WHERE (
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
-    %(queue)s, %(priority)s
+    %(queue)s, %(priority)s, %(parent_id)s::uuid
 )
 ON CONFLICT (run_id) DO NOTHING;
 
@@ -1102,3 +1102,7 @@ SET blocked_until = greatest(
     blocked_until, clock_timestamp() + %(ms)s * interval '1 millisecond'
 )
 WHERE name = %(name)s;
+
+-- name: select_children
+-- A run's child runs, oldest first (ADR 0075): the partial index on parent_id.
+SELECT * FROM steptrail_runs WHERE parent_id = %(run_id)s ORDER BY created_at, run_id;

@@ -39,13 +39,13 @@ VALUES (?, ?, ?, ?, ?, ?);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
 ) VALUES (
     :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
     :requeue_count, :reason, :idempotency_key, :doc,
     CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
     CASE WHEN :status = 'queued' THEN :at + :retry_delay_ms * 1000 END,
-    :at, :at, :queue, :priority
+    :at, :at, :queue, :priority, :parent_id
 );
 
 -- name: select_runs_by_keys
@@ -335,11 +335,11 @@ DELETE FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi;
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
 ) VALUES (
     :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
     :requeue_count, :reason, :idempotency_key, :doc,
-    :lease_expires_at, :available_at, :created_at, :updated_at, :queue, :priority
+    :lease_expires_at, :available_at, :created_at, :updated_at, :queue, :priority, :parent_id
 );
 
 -- name: store_now
@@ -804,3 +804,7 @@ UPDATE steptrail_rate_grants SET tokens = :tokens WHERE id = :id;
 UPDATE steptrail_rate_limits
 SET blocked_until = max(coalesce(blocked_until, 0), :now + :ms * 1000)
 WHERE name = :name;
+
+-- name: select_children
+-- A run's child runs, oldest first (ADR 0075): the partial index on parent_id.
+SELECT * FROM steptrail_runs WHERE parent_id = :run_id ORDER BY created_at, run_id;
