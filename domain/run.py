@@ -85,6 +85,10 @@ class Run:
         # before queues existed reads as the default queue at priority 0.
         queue: str = "default"
         priority: int = 0
+        # Its concurrency key and the limit resolved for it at enqueue (ADR 0078); an event
+        # stored before keys existed reads as a run without a key.
+        concurrency_key: str | None = None
+        concurrency_limit: int | None = None
 
         def apply(self, state: RunState | None) -> RunState:
             if state is not None:
@@ -100,6 +104,8 @@ class Run:
                 trace_parent=self.trace_parent,
                 queue=self.queue,
                 priority=self.priority,
+                concurrency_key=self.concurrency_key,
+                concurrency_limit=self.concurrency_limit,
             )
 
     class Started(RunEvent):
@@ -461,11 +467,16 @@ class Run:
         trace_parent: str | None = None,
         queue: str = "default",
         priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Run:
         """A new queued run. Its request body is saved by the store, keyed by the run.
         `trace_parent` (a W3C traceparent) is the trace its segments join; `queue` and
         `priority` are where and in which order the claim takes it (checked by the caller,
-        `domain.queues`)."""
+        `domain.queues`), `concurrency_key` and `concurrency_limit` how many runs of its key
+        may run at once (`domain.concurrency`; both or neither)."""
+        if (concurrency_key is None) != (concurrency_limit is None):
+            raise ValueError("a concurrency key and its limit go together")
         event = cls.Queued(
             actor=actor,
             run_id=run_id,
@@ -475,6 +486,8 @@ class Run:
             trace_parent=trace_parent,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         return cls._created(event)
 

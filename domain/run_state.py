@@ -123,6 +123,9 @@ class RunState(BaseModel):
     # run index, which the claim walks by them.
     queue: str = "default"
     priority: int = 0
+    # Its concurrency key and limit (ADR 0078): columns of the run index too.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """This state with `changes` (field values of the right types, from the events'

@@ -36,6 +36,7 @@ from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.run_ids import SQLiteRunIds
 from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
+from steptrail.infrastructure.sqlite_keys import held_back
 from steptrail.infrastructure.sqlite_queues import pick as pick_claimable
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.store_base import (
@@ -1355,6 +1356,15 @@ class SQLiteRunStore(SQLiteRunIds, SQLiteSchedules, SQLiteSignals, ClaimsOne):
 
     def wake(self) -> None:
         self._woken.set()
+
+    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
+        for a place under its key's limit (ADR 0078; burst mode waits for it)."""
+        with self._read() as cur:
+            names = tuple(dict.fromkeys(agents))
+            return held_back(
+                cur, self.q, names, None if queues is None else tuple(queues), self.now_us()
+            )
 
 
 class _SqliteTx:

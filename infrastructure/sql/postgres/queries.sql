@@ -44,7 +44,8 @@ WITH clock AS MATERIALIZED (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at, queue, priority
+        lease_expires_at, available_at, created_at, updated_at, queue, priority,
+        concurrency_key, concurrency_limit
     ) SELECT
         %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
         %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
@@ -53,7 +54,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + %(lease_ms)s::bigint * interval '1 millisecond' END,
         CASE WHEN %(status)s = 'queued'
             THEN clock.at + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-        clock.at, clock.at, %(queue)s, %(priority)s
+        clock.at, clock.at, %(queue)s, %(priority)s, %(concurrency_key)s, %(concurrency_limit)s
     FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -87,17 +88,19 @@ WITH clock AS MATERIALIZED (
         %(claim_versions)s::bigint[], %(requeue_counts)s::integer[], %(reasons)s::text[],
         %(keys)s::text[], %(docs)s::jsonb[], %(retry_delay_mss)s::bigint[],
         %(topics)s::text[], %(states)s::bytea[], %(requests)s::bytea[],
-        %(queues)s::text[], %(priorities)s::integer[]
+        %(queues)s::text[], %(priorities)s::integer[],
+        %(concurrency_keys)s::text[], %(concurrency_limits)s::integer[]
     ) WITH ORDINALITY AS g(
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request,
-        queue, priority, ord
+        queue, priority, concurrency_key, concurrency_limit, ord
     )
 ), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at, queue, priority
+        lease_expires_at, available_at, created_at, updated_at, queue, priority,
+        concurrency_key, concurrency_limit
     ) SELECT
         g.run_id, g.agent, g.status, g.version, g.segment, g.holder, g.lease_ms,
         g.claim_version, g.requeue_count, g.reason, g.idempotency_key, g.doc,
@@ -105,7 +108,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + g.lease_ms * interval '1 millisecond' END,
         CASE WHEN g.status = 'queued'
             THEN clock.at + g.retry_delay_ms * interval '1 millisecond' END,
-        clock.at, clock.at, g.queue, g.priority
+        clock.at, clock.at, g.queue, g.priority, g.concurrency_key, g.concurrency_limit
     FROM given AS g, clock
     ORDER BY g.ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -238,6 +241,15 @@ FROM steptrail_claim(
     %(lease_ms)s::bigint, %(queues)s::text[]
 ) AS c
 ORDER BY (c.run).run_id;
+-- name: keyed_held_back
+-- Whether a keyed run of these agents and queues is due but not claimed (held back by its
+-- key's limit): burst mode does not end while one is (ADR 0078).
+SELECT 1 AS held FROM steptrail_runs
+WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= now()
+  AND agent = ANY(%(agents)s::text[])
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+LIMIT 1;
+
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 
@@ -405,13 +417,14 @@ DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
-    %(queue)s, %(priority)s
+    %(queue)s, %(priority)s, %(concurrency_key)s, %(concurrency_limit)s
 )
 ON CONFLICT (run_id) DO UPDATE SET
     agent = excluded.agent, status = excluded.status, version = excluded.version,
@@ -420,19 +433,22 @@ ON CONFLICT (run_id) DO UPDATE SET
     reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
     lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
     created_at = excluded.created_at, updated_at = excluded.updated_at,
-    queue = excluded.queue, priority = excluded.priority
+    queue = excluded.queue, priority = excluded.priority,
+    concurrency_key = excluded.concurrency_key, concurrency_limit = excluded.concurrency_limit
 WHERE (
     steptrail_runs.agent, steptrail_runs.status, steptrail_runs.version,
     steptrail_runs.segment, steptrail_runs.holder, steptrail_runs.lease_ms,
     steptrail_runs.claim_version, steptrail_runs.requeue_count, steptrail_runs.reason,
     steptrail_runs.idempotency_key, steptrail_runs.doc, steptrail_runs.lease_expires_at,
     steptrail_runs.available_at, steptrail_runs.created_at, steptrail_runs.updated_at,
-    steptrail_runs.queue, steptrail_runs.priority
+    steptrail_runs.queue, steptrail_runs.priority, steptrail_runs.concurrency_key,
+    steptrail_runs.concurrency_limit
 ) IS DISTINCT FROM (
     excluded.agent, excluded.status, excluded.version, excluded.segment, excluded.holder,
     excluded.lease_ms, excluded.claim_version, excluded.requeue_count, excluded.reason,
     excluded.idempotency_key, excluded.doc, excluded.lease_expires_at, excluded.available_at,
-    excluded.created_at, excluded.updated_at, excluded.queue, excluded.priority
+    excluded.created_at, excluded.updated_at, excluded.queue, excluded.priority,
+    excluded.concurrency_key, excluded.concurrency_limit
 );
 
 -- name: insert_missing_row
@@ -443,13 +459,14 @@ WHERE (
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
-    %(queue)s, %(priority)s
+    %(queue)s, %(priority)s, %(concurrency_key)s, %(concurrency_limit)s
 )
 ON CONFLICT (run_id) DO NOTHING;
 
@@ -462,7 +479,8 @@ COPY steptrail_events (originator_id, originator_version, topic, state, recorded
 COPY steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit
 ) FROM STDIN;
 
 -- name: copy_saved
