@@ -5,6 +5,7 @@ place."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from uuid import UUID
 import pytest
 
 from steptrail import App, RunContext
+from steptrail.async_runtime import AsyncRuntime
 from steptrail.domain.enums import RunStatus
 from steptrail.runtime import InvalidItem, InvalidRequest, Runtime
 from steptrail.workers.reaper import Reaper
@@ -275,3 +277,22 @@ def test_verify_and_rebuild_keep_the_keys(rt: Runtime) -> None:
     assert rt.verify_index() == []
     (got,) = claim(rt)
     assert got.run.id == run_id
+
+
+def test_include_keeps_limits_and_agent_defaults(db_url: str) -> None:
+    """An App built from another keeps its patterns (the including App's own win) and its
+    agents' keys and limits; the async runtime places runs the same way."""
+    combined = App()
+    combined.limit("tenant:*", 7)
+    combined.include(keyed_app())
+    assert combined.limits["tenant:*"] == 7
+    assert combined.limits["tenant:vip"] == 5
+    assert combined.keying("mail") == ("mailbox:ops", 1)
+    assert combined.keying("task", "tenant:a") == ("tenant:a", 7)
+    assert combined.keying("task") == (None, None)
+    rt = make_runtime(db_url, app=combined)
+    try:
+        run_id = asyncio.run(AsyncRuntime(rt).enqueue("task", concurrency_key="tenant:b"))
+        assert keyed(rt, run_id) == ("tenant:b", 7)
+    finally:
+        rt.close()
