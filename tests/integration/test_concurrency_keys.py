@@ -296,3 +296,30 @@ def test_include_keeps_limits_and_agent_defaults(db_url: str) -> None:
         assert keyed(rt, run_id) == ("tenant:b", 7)
     finally:
         rt.close()
+
+
+def test_enqueue_many__batches_with_keys_in_opposite_orders_race(rt: Runtime) -> None:
+    """Two threads enqueue batches over the same keys, one in ascending and one in
+    descending order, again and again: every batch lands (no deadlock between them) and the
+    keys' counts equal their runs."""
+    keys = [f"tenant:k{n:02d}" for n in range(20)]
+    errors: list[BaseException] = []
+
+    def enqueue(order: list[str]) -> None:
+        try:
+            for _ in range(15):
+                rt.enqueue_many([{"agent": "task", "concurrency_key": k} for k in order])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=enqueue, args=(keys,)),
+        threading.Thread(target=enqueue, args=(keys[::-1],)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    got = claim(rt, limit=100)
+    assert Counter(c.run.state.concurrency_key for c in got) == dict.fromkeys(keys, 2)

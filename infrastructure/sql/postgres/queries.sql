@@ -79,6 +79,9 @@ WHERE r.idempotency_key = %(idempotency_key)s::text AND NOT EXISTS (SELECT FROM 
 -- run inserted (created) and per taken key whose run this statement can see (not created); a
 -- key taken by a transaction that committed after this statement began is in neither, and
 -- the caller reads it (select_runs_by_keys). One NOTIFY per agent of the batch, not per run.
+-- The batch's concurrency keys' rows are locked first, in key order (`key_rows`; the run
+-- index's triggers, which count them, fire at the end of the statement): two batches with
+-- keys in opposite orders queue on the first key instead of deadlocking (ADR 0078).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
 ), given AS (
@@ -95,6 +98,12 @@ WITH clock AS MATERIALIZED (
         requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request,
         queue, priority, concurrency_key, concurrency_limit, ord
     )
+), key_rows AS (
+    INSERT INTO steptrail_concurrency_keys AS k (key, concurrency_limit)
+    SELECT DISTINCT ON (g.concurrency_key) g.concurrency_key, g.concurrency_limit
+    FROM given AS g WHERE g.concurrency_key IS NOT NULL
+    ORDER BY g.concurrency_key, g.ord DESC
+    ON CONFLICT (key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit
 ), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
