@@ -74,6 +74,27 @@ def running_by_key(rt: Runtime) -> Counter[str | None]:
     return Counter(r.state.concurrency_key for r in rows)
 
 
+def key_table(rt: Runtime) -> dict[str, tuple[int, int]]:
+    """steptrail_concurrency_keys as (running, pending) per key with any, and the same
+    recounted from the run index: the triggers must keep them equal."""
+    kept = "SELECT key AS k, running AS r, pending AS p FROM steptrail_concurrency_keys"
+    recount = (
+        "SELECT concurrency_key AS k, sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS r,"
+        " sum(CASE WHEN available_at IS NOT NULL THEN 1 ELSE 0 END) AS p FROM steptrail_runs"
+        " WHERE concurrency_key IS NOT NULL GROUP BY concurrency_key"
+    )
+    store: Any = rt.store
+    if store.backend == "sqlite":
+        with store._read() as cur:
+            a, b = cur.execute(kept).fetchall(), cur.execute(recount).fetchall()
+    else:
+        with store._connection() as conn:
+            a, b = conn.execute(kept).fetchall(), conn.execute(recount).fetchall()
+    table = {r["k"]: (int(r["r"]), int(r["p"])) for r in a if (r["r"], r["p"]) != (0, 0)}
+    assert table == {r["k"]: (int(r["r"]), int(r["p"])) for r in b if (r["r"], r["p"]) != (0, 0)}
+    return table
+
+
 def event_count(rt: Runtime) -> int:
     return len(rt.events(limit=100_000))
 
@@ -220,6 +241,7 @@ def test_claim__a_suspended_run_frees_its_place(rt: Runtime) -> None:
     # Each one waits for its signal, holding no place: all three were started.
     assert [rt.get(i).status for i in ids] == [RunStatus.WAITING_FOR_EVENT] * 3
     assert running_by_key(rt) == Counter()
+    key_table(rt)  # the suspends released their places in the table too
     for i in ids:
         rt.signal(i, "go", {"ok": True})
     rt.work(burst=True, concurrency=3)
@@ -241,6 +263,7 @@ def test_claim__a_reclaimed_run_frees_its_place(rt: Runtime) -> None:
     assert claim(rt) == []
     assert rt.get(first).status is RunStatus.QUEUED
     assert rt.get(first).state.concurrency_key == "solo"
+    assert key_table(rt) == {"solo": (1, 1)}
 
 
 def test_burst__waits_for_runs_held_back_by_their_limit(rt: Runtime) -> None:
@@ -275,6 +298,7 @@ def test_verify_and_rebuild_keep_the_keys(rt: Runtime) -> None:
     rt.rebuild("run-index")
     assert keyed(rt, run_id) == ("tenant:a", 2)
     assert rt.verify_index() == []
+    assert key_table(rt) == {"tenant:a": (0, 1)}  # the rebuild's rewrite counted once
     (got,) = claim(rt)
     assert got.run.id == run_id
 
