@@ -352,11 +352,14 @@ class App:
         max_duration: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = DEFAULT_PRIORITY,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         """Register a LangGraph `StateGraph` (or a graph compiled without a checkpointer) as
         the agent `name`: its request is the graph's input, its result the final state, each
         node a journaled step, `interrupt()` a decision (ADR 0071; needs the `langgraph`
-        extra, imported only here). `queue` and `priority` as for `agent`."""
+        extra, imported only here). `queue`, `priority`, `concurrency_key` and
+        `concurrency_limit` as for `agent`."""
         from steptrail.integrations.langgraph import graph_agent
 
         self.add_agent(
@@ -367,6 +370,8 @@ class App:
             max_duration=max_duration,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
 
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
