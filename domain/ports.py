@@ -170,6 +170,11 @@ class RunStore(Protocol):
         """The run's events in order from version `first`, at most `limit` of them."""
         ...
 
+    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
+        for a place under its key's limit (ADR 0078)."""
+        ...
+
     def wait_for_work(self, timeout: float) -> None:
         """Block until new work may be claimable, or `timeout` seconds pass."""
         ...

@@ -90,6 +90,10 @@ class Run:
         parent_id: UUID | None = None
         parent_seq: int | None = None
         privacy: PrivacyLevel | None = None
+        # Its concurrency key and the limit resolved for it at enqueue (ADR 0078); an event
+        # stored before keys existed reads as a run without a key.
+        concurrency_key: str | None = None
+        concurrency_limit: int | None = None
 
         def apply(self, state: RunState | None) -> RunState:
             if state is not None:
@@ -108,6 +112,8 @@ class Run:
                 parent_id=self.parent_id,
                 parent_seq=self.parent_seq,
                 parent_privacy=self.privacy,
+                concurrency_key=self.concurrency_key,
+                concurrency_limit=self.concurrency_limit,
             )
 
     class Started(RunEvent):
@@ -473,11 +479,17 @@ class Run:
         queue: str = "default",
         priority: int = 0,
         parent: tuple[UUID, int, PrivacyLevel] | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Run:
         """A new queued run. Its request body is saved by the store, keyed by the run.
         `trace_parent` (a W3C traceparent) is the trace its segments join; `queue` and
         `priority` are where and in which order the claim takes it (checked by the caller,
-        `domain.queues`); `parent` is a child run's (parent id, step seq, privacy level)."""
+        `domain.queues`); `parent` is a child run's (parent id, step seq, privacy level);
+        `concurrency_key` and `concurrency_limit` how many runs of its key may run at once
+        (`domain.concurrency`; both or neither)."""
+        if (concurrency_key is None) != (concurrency_limit is None):
+            raise ValueError("a concurrency key and its limit go together")
         event = cls.Queued(
             actor=actor,
             run_id=run_id,
@@ -487,6 +499,8 @@ class Run:
             trace_parent=trace_parent,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         if parent is not None:
             event = event.model_copy(

@@ -132,6 +132,9 @@ class RunState(BaseModel):
     parent_id: UUID | None = None
     parent_seq: int | None = None
     parent_privacy: PrivacyLevel | None = None
+    # Its concurrency key and limit (ADR 0078): columns of the run index too.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """This state with `changes` (field values of the right types, from the events'

@@ -1000,6 +1000,15 @@ class PostgresRunStore(
     def db_now() -> Any:
         return None  # PostgreSQL reads now() inside the query
 
+    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
+        for a place under its key's limit (ADR 0078; burst mode waits for it)."""
+        params = {
+            "agents": list(dict.fromkeys(agents)),
+            "queues": None if queues is None else list(dict.fromkeys(queues)),
+        }
+        return self._one("keyed_held_back", params) is not None
+
     # -- waking idle workers -------------------------------------------------------------------
 
     def wait_for_work(self, timeout: float) -> None:
@@ -1064,6 +1073,7 @@ _ROW_COLUMNS = (
     "run_id", "agent", "status", "version", "segment", "holder", "lease_ms", "claim_version",
     "requeue_count", "reason", "idempotency_key", "doc",
     "lease_expires_at", "available_at", "created_at", "updated_at", "queue", "priority",
+    "concurrency_key", "concurrency_limit",
 )  # fmt: skip
 
 # insert_runs' parameters: one array per column, named after the single insert's parameter.
@@ -1087,6 +1097,8 @@ _MANY_COLUMNS = {
     "queue": "queues",
     "priority": "priorities",
     "parent_id": "parent_ids",
+    "concurrency_key": "concurrency_keys",
+    "concurrency_limit": "concurrency_limits",
 }
 
 

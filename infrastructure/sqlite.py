@@ -39,6 +39,7 @@ from steptrail.infrastructure.rate_limits_store import SQLiteRateLimits
 from steptrail.infrastructure.run_ids import SQLiteRunIds
 from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlfiles import migrations, queries, statements
+from steptrail.infrastructure.sqlite_keys import held_back
 from steptrail.infrastructure.sqlite_queues import pick as pick_claimable
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.store_base import (
@@ -1371,6 +1372,15 @@ class SQLiteRunStore(
 
     def wake(self) -> None:
         self._woken.set()
+
+    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
+        for a place under its key's limit (ADR 0078; burst mode waits for it)."""
+        with self._read() as cur:
+            names = tuple(dict.fromkeys(agents))
+            return held_back(
+                cur, self.q, names, None if queues is None else tuple(queues), self.now_us()
+            )
 
 
 class _SqliteTx:

@@ -5,7 +5,8 @@ the worker serves (every queue the agent has claimable runs in, when it names no
 priority levels from the highest, one descent of the claim index each, and each level's runs
 from the one that became claimable first, until the batch is full. A level's runs whose time
 has not come sit after `now` in the index and are never read. The pairs' batches are merged
-by (priority descending, available_at, run_id): the order PostgreSQL's claim gives.
+by (priority descending, available_at, run_id): the order PostgreSQL's claim gives, with
+the keyed runs `sqlite_keys` picks (ADR 0078).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from steptrail.domain.ports import ClaimRequest
+from steptrail.infrastructure.sqlite_keys import pick_keyed
 
 # Above every priority a run can have (domain.queues.MAX_PRIORITY): the first level's bound.
 _TOP = 2**62
@@ -30,7 +32,9 @@ def pick(
         for queue in _queues(cur, q, agent, request.queues):
             pairs += 1
             rows += _walk(cur, q, agent, queue, limit=limit, now=now)
-    if pairs > 1:  # each pair's batch is in claim order; merge them
+    keyed = pick_keyed(cur, q, request, now)  # runs with a concurrency key (ADR 0078)
+    rows += keyed
+    if pairs > 1 or keyed:  # each pair's batch is in claim order; merge them
         rows = sorted(rows, key=lambda r: (-r["priority"], r["available_at"], r["run_id"]))
         rows = rows[:limit]
     return rows

@@ -38,6 +38,8 @@ COLUMN_FIELDS: tuple[str, ...] = (
     "idempotency_key",
     "queue",
     "priority",
+    "concurrency_key",
+    "concurrency_limit",
 )
 
 

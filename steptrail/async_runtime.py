@@ -59,9 +59,11 @@ class AsyncRuntime:
         actor: str = "enqueue",
         queue: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> UUID:
         """Queue a run of `agent`; returns its id (fail-closed, as `Runtime.enqueue`), on
-        `queue` at `priority` (default: the agent's; ADR 0077)."""
+        `queue` at `priority` (default: the agent's; ADR 0077), under `concurrency_key`
+        (default: the agent's; ADR 0078)."""
         return await self._call(
             self.sync.enqueue,
             agent,
@@ -70,6 +72,7 @@ class AsyncRuntime:
             actor=actor,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
         )
 
     async def enqueue_many(

@@ -116,6 +116,10 @@ def run_table(row: RunRow) -> Table:
         ("agent", s.agent),
         ("status", s.status.value),
         ("queue", f"{s.queue} (priority {s.priority})"),
+        (
+            "concurrency key",
+            f"{s.concurrency_key} (limit {s.concurrency_limit})" if s.concurrency_key else "-",
+        ),
         ("reason", s.reason.value if s.reason else "-"),
         ("version", s.version),
         ("steps", s.steps),
@@ -181,12 +185,21 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
     in a terminal narrower than FULL_IDS_FROM columns the table shows the last 8 digits,
     which every command accepts as well (the other columns fold instead). A `queue` column
     (name, and priority when not 0; ADR 0077) is shown when a run of the page is not on
-    the default queue at priority 0, so a narrow terminal keeps its width otherwise."""
+    the default queue at priority 0, so a narrow terminal keeps its width otherwise; a `key`
+    column (the concurrency key; ADR 0078) likewise when a run of the page has one."""
     short = width is not None and width < FULL_IDS_FROM
     placed = any((r.state.queue, r.state.priority) != ("default", 0) for r in rows)
+    keyed = any(r.state.concurrency_key is not None for r in rows)
     table = Table(title=title)
     table.add_column("run", no_wrap=True, min_width=8 if short else 36)
-    columns = ("agent", "status", *(("queue",) if placed else ()), "reason", "steps")
+    columns = (
+        "agent",
+        "status",
+        *(("queue",) if placed else ()),
+        *(("key",) if keyed else ()),
+        "reason",
+        "steps",
+    )
     for column in (*columns, "requeues", "since", "waits for"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -203,6 +216,7 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
             s.agent,
             s.status.value,
             *((f"{s.queue} ({s.priority})" if s.priority else s.queue,) if placed else ()),
+            *((s.concurrency_key or "-",) if keyed else ()),
             s.reason.value if s.reason else "-",
             str(s.steps),
             str(s.requeue_count),

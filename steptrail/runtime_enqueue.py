@@ -35,7 +35,11 @@ if TYPE_CHECKING:
     from steptrail.workers.telemetry import CreationProbe, Telemetry
 
 MAX_KEY_LENGTH = 1000
-ITEM_FIELDS = ("agent", "request", "idempotency_key", "actor", "queue", "priority")
+ITEM_FIELDS = (
+    "agent", "request", "idempotency_key", "actor", "queue", "priority", "concurrency_key"
+)  # fmt: skip
+# A new run's (queue, priority, concurrency key, concurrency limit).
+Placed = tuple[str, int, str | None, int | None]
 
 
 class InvalidItem(InvalidRequest):
@@ -66,9 +70,11 @@ class RuntimeEnqueue:
         actor: str = "enqueue",
         queue: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> UUID:
         """Queue a run of `agent`; returns its id (the existing run's, for a taken key).
-        `queue` and `priority` default to the agent's (ADR 0077).
+        `queue` and `priority` default to the agent's (ADR 0077), `concurrency_key` too;
+        the key's limit comes from `App.limit` or the agent (ADR 0078).
 
         Fail-closed: an unknown agent or a request that cannot be serialised (or does not
         validate against the agent's request model) raises before anything is written, and
@@ -77,7 +83,8 @@ class RuntimeEnqueue:
         Raises:
             UnknownAgent: no agent of that name is registered.
             InvalidRequest: the request cannot be serialised or does not validate, or the
-                queue or priority is not one the App accepts.
+                queue or priority is not one the App accepts, or the concurrency key is
+                malformed or has no limit.
             StoreUnavailable: the write failed.
         """
         return self.enqueue_once(
@@ -87,6 +94,7 @@ class RuntimeEnqueue:
             actor=actor,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
         )[0]
 
     def enqueue_once(
@@ -98,11 +106,12 @@ class RuntimeEnqueue:
         actor: str = "enqueue",
         queue: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> tuple[UUID, bool]:
         """`enqueue`, also saying whether the run is new (False: the idempotency key's run
         existed already and is returned)."""
         body = self._checked(agent, request, idempotency_key, actor)
-        placed = placement(self.app, agent, queue, priority)
+        placed = placement(self.app, agent, queue, priority, concurrency_key)
         run, probe = self._new_queued(agent, body, idempotency_key, actor, placed)
         stored: Run | None = None
         try:
@@ -128,7 +137,8 @@ class RuntimeEnqueue:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[UUID]:
         """Queue many runs: each item a mapping with `agent`, and optionally `request`,
-        `idempotency_key` and `actor` (default `actor`), as `enqueue` takes them. Returns
+        `idempotency_key`, `actor` (default `actor`), `queue`, `priority` and
+        `concurrency_key`, as `enqueue` takes them. Returns
         each item's run id, in order (the existing run's for a taken key).
 
         Every item is validated before anything is written: a bad one raises
@@ -190,7 +200,7 @@ class RuntimeEnqueue:
 
     def _checked_items(
         self, items: Iterable[Mapping[str, Any]], actor: str
-    ) -> list[tuple[str, bytes, str | None, str, tuple[str, int]]]:
+    ) -> list[tuple[str, bytes, str | None, str, Placed]]:
         checked = []
         for index, item in enumerate(items):
             try:
@@ -215,7 +225,7 @@ class RuntimeEnqueue:
 
     def _checked_item(
         self, item: Mapping[str, Any], actor: str
-    ) -> tuple[str, bytes, str | None, str, tuple[str, int]]:
+    ) -> tuple[str, bytes, str | None, str, Placed]:
         if not isinstance(item, Mapping):
             raise InvalidRequest("an item must be an object with an agent and a request")
         unknown = sorted(str(k) for k in item if k not in ITEM_FIELDS)
@@ -233,7 +243,9 @@ class RuntimeEnqueue:
         if not isinstance(who, str):
             raise InvalidRequest("an actor must be a string")
         body = self._checked(agent, item.get("request"), key, who)
-        placed = placement(self.app, agent, item.get("queue"), item.get("priority"))
+        placed = placement(
+            self.app, agent, item.get("queue"), item.get("priority"), item.get("concurrency_key")
+        )
         return agent, body, key, who, placed
 
     def _new_queued(
@@ -242,7 +254,7 @@ class RuntimeEnqueue:
         body: bytes,
         key: str | None,
         actor: str,
-        placed: tuple[str, int] = ("default", 0),
+        placed: Placed = ("default", 0, None, None),
     ) -> tuple[Run, CreationProbe]:
         """A new queued run for a checked request body, with its telemetry probe."""
         run_id = new_run_id()
@@ -256,6 +268,8 @@ class RuntimeEnqueue:
             trace_parent=probe.trace_parent,
             queue=placed[0],
             priority=placed[1],
+            concurrency_key=placed[2],
+            concurrency_limit=placed[3],
         )
         return run, probe
 
@@ -301,15 +315,19 @@ def checked_enqueue(
     return body
 
 
-def placement(app: App, agent: str, queue: Any, priority: Any) -> tuple[str, int]:
-    """A new run's (queue, priority): those given, else the agent's (ADR 0077).
+def placement(
+    app: App, agent: str, queue: Any, priority: Any, concurrency_key: Any = None
+) -> Placed:
+    """A new run's (queue, priority, concurrency key, limit): those given, else the agent's
+    (ADR 0077, 0078).
 
     Raises:
         UnknownAgent: no agent of that name in `app`.
-        InvalidRequest: a malformed or unknown queue, a priority out of range.
+        InvalidRequest: a malformed or unknown queue, a priority out of range, a malformed
+            concurrency key or one no limit applies to.
     """
     try:
-        return app.placement(agent, queue, priority)
+        return (*app.placement(agent, queue, priority), *app.keying(agent, concurrency_key))
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from steptrail.domain.classifier import Classifier
+from steptrail.domain.concurrency import check_key, check_limit, check_pattern, limit_for
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
 from steptrail.domain.queues import DEFAULT_PRIORITY, DEFAULT_QUEUE, check_priority, check_queue
 from steptrail.domain.rate_limits import DEFAULT_MARGIN_S, InvalidRateLimit, RateLimit
@@ -61,6 +62,10 @@ class AgentSpec:
     # neither (ADR 0077).
     queue: str = DEFAULT_QUEUE
     priority: int = DEFAULT_PRIORITY
+    # The concurrency key of its runs when the enqueuer names none, and the limit of keys
+    # no `App.limit` pattern matches (ADR 0078).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +107,7 @@ class App:
         self._tool_timeouts: dict[str, float] = {}
         self._signal_schemas: dict[str, type[BaseModel]] = {}
         self._queues: set[str] = {DEFAULT_QUEUE}
+        self._limits: dict[str, int] = {}  # key pattern -> limit, in declaration order
         self._schedules: dict[str, Schedule] = {}
         self._rate_limits: dict[str, RateLimit] = {}
         self.classifier = Classifier()
@@ -116,6 +122,8 @@ class App:
         max_duration: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = DEFAULT_PRIORITY,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the agent `name` (default: its own name).
 
@@ -123,7 +131,9 @@ class App:
         and `ctx.step(..., timeout=)` take precedence); `max_duration` is the longest one
         segment of a run may take before it stops and goes down the retry ladder (seconds).
         `queue` and `priority` are those of its runs when the enqueuer names none (ADR
-        0077); the queue becomes one of the App's queues.
+        0077); the queue becomes one of the App's queues. `concurrency_key` is its runs'
+        key when the enqueuer names none, `concurrency_limit` the limit of a key no
+        `App.limit` pattern matches (ADR 0078).
         """
 
         def register(fn: F) -> F:
@@ -136,6 +146,8 @@ class App:
                 max_duration=max_duration,
                 queue=queue,
                 priority=priority,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             )
             return fn
 
@@ -152,11 +164,17 @@ class App:
         max_duration: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = DEFAULT_PRIORITY,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         if not name or not name.strip():
             raise ValueError("an agent needs a name")
         check_queue(queue)
         check_priority(priority)
+        if concurrency_key is not None:
+            check_key(concurrency_key)
+        if concurrency_limit is not None:
+            check_limit(concurrency_limit)
         if name in self._agents and self._agents[name].fn is not fn:
             raise ValueError(f"agent {name!r} is registered twice")
         _check_seconds(step_timeout, "step_timeout")
@@ -171,8 +189,45 @@ class App:
             max_duration=max_duration,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         self._queues.add(queue)
+
+    def limit(self, pattern: str, limit: int) -> None:
+        """At most `limit` runs of a concurrency key matching `pattern` run at once, across
+        every worker (ADR 0078). `*` matches any characters, `?` one; the most specific
+        pattern matching a key wins (the most literal characters, then the first declared).
+        Declaring a pattern again changes its limit for runs enqueued from then on."""
+        self._limits[check_pattern(pattern)] = check_limit(limit)
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The declared key patterns and their limits, in declaration order."""
+        return dict(self._limits)
+
+    def keying(self, agent: str, key: str | None = None) -> tuple[str | None, int | None]:
+        """The (concurrency key, limit) of a new run of `agent`: the key given, else the
+        agent's; its limit by `App.limit`'s most specific pattern, else the agent's
+        `concurrency_limit`. (None, None) for a run without a key.
+
+        Raises:
+            UnknownAgent: no such agent.
+            ValueError: a malformed key, or a key no limit applies to.
+        """
+        spec = self.get(agent)
+        chosen = spec.concurrency_key if key is None else check_key(key)
+        if chosen is None:
+            return None, None
+        found = limit_for(chosen, self._limits)
+        if found is None:
+            found = spec.concurrency_limit
+        if found is None:
+            raise ValueError(
+                f"no concurrency limit for key {chosen!r}: declare one with "
+                f"App.limit(pattern, n) or concurrency_limit= on agent {agent!r}"
+            )
+        return chosen, found
 
     def queue(self, name: str) -> None:
         """Declare the queue `name` (ADR 0077): runs may be enqueued to it and workers may
@@ -333,11 +388,14 @@ class App:
         max_duration: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = DEFAULT_PRIORITY,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         """Register a LangGraph `StateGraph` (or a graph compiled without a checkpointer) as
         the agent `name`: its request is the graph's input, its result the final state, each
         node a journaled step, `interrupt()` a decision (ADR 0071; needs the `langgraph`
-        extra, imported only here). `queue` and `priority` as for `agent`."""
+        extra, imported only here). `queue`, `priority`, `concurrency_key` and
+        `concurrency_limit` as for `agent`."""
         from steptrail.integrations.langgraph import graph_agent
 
         self.add_agent(
@@ -348,6 +406,8 @@ class App:
             max_duration=max_duration,
             queue=queue,
             priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
 
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
@@ -419,8 +479,12 @@ class App:
                 max_duration=spec.max_duration,
                 queue=spec.queue,
                 priority=spec.priority,
+                concurrency_key=spec.concurrency_key,
+                concurrency_limit=spec.concurrency_limit,
             )
         self._queues.update(other._queues)
+        for pattern, n in other._limits.items():
+            self._limits.setdefault(pattern, n)
         self._tools.update(other._tools)
         for name, projection in other._projections.items():
             self.add_projection(name, projection)

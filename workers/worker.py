@@ -178,7 +178,13 @@ class Worker:
                 if not claimed:
                     with self._slot_freed:
                         idle = self._in_flight == 0
-                    if self.burst and idle:
+                    # Burst: done when nothing is left, not while runs wait for a place under
+                    # their key's limit (ADR 0078): the runs holding the places settle soon.
+                    if (
+                        self.burst
+                        and idle
+                        and not self.store.held_back(agents=agents, queues=self.queues)
+                    ):
                         break
                     self.store.wait_for_work(self.poll_interval)
                     continue

@@ -161,10 +161,11 @@ def check_enqueue(
     *,
     queue: str | None = None,
     priority: int | None = None,
+    concurrency_key: str | None = None,
 ) -> None:
-    """Refuse a bad enqueue (unknown agent, request its model rejects, blank key, a queue or
-    priority the App refuses) before a database is opened: bad input creates nothing, not
-    even the schema (ADR 0074, 0077)."""
+    """Refuse a bad enqueue (unknown agent, request its model rejects, blank key, a queue,
+    priority or concurrency key the App refuses) before a database is opened: bad input
+    creates nothing, not even the schema (ADR 0074, 0077, 0078)."""
     from steptrail.domain.errors import InvalidActor
     from steptrail.runtime import InvalidRequest, checked_enqueue, combined_app, placement
     from steptrail.workers.registry import UnknownAgent
@@ -173,7 +174,7 @@ def check_enqueue(
     app = combined_app(load_app(options.app_ref) if options.app_ref else None)
     try:
         checked_enqueue(app, settings_for(ctx), agent, body, key=key, actor="enqueue")
-        placement(app, agent, queue, priority)
+        placement(app, agent, queue, priority, concurrency_key)
     except UnknownAgent as error:
         fail(f"{error}{_agents_hint(ctx)}", 2)
     except (InvalidRequest, InvalidActor) as error:

@@ -95,7 +95,7 @@ def enqueue(
             metavar="FILE",
             help="Enqueue many runs from a JSON Lines file (- for standard input): one object "
             'per line, {"agent": …, "request": {…}, "idempotency_key": …, "queue": …, '
-            '"priority": …}. Every line is '
+            '"priority": …, "concurrency_key": …}. Every line is '
             "checked before anything is written; prints each line's run id, in order.",
         ),
     ] = None,
@@ -120,16 +120,27 @@ def enqueue(
             help="Its claim priority, -100 to 100, higher first (default: the agent's, else 0).",
         ),
     ] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency-key",
+            "-k",
+            help="Its concurrency key, e.g. tenant:acme (default: the agent's, else none): at "
+            "most the key's limit (App.limit, else the agent's concurrency_limit) of its "
+            "runs run at once.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Put a run on the queue and print its id (or many, with --from). Nothing is written if
-    the agent is unknown, the request is not a valid JSON object, or the queue or priority
-    is refused (with --from: if any line is bad; the error names the line)."""
+    the agent is unknown, the request is not a valid JSON object, or the queue, priority or
+    concurrency key is refused (with --from: if any line is bad; the error names the line)."""
     if source is not None:
-        if request is not None or key is not None or queue is not None or priority is not None:
+        given = (request, key, queue, priority, concurrency_key)
+        if any(v is not None for v in given):
             fail(
-                "--from reads each run's request, key, queue and priority from its line; "
-                "drop --request/--key/--queue/--priority",
+                "--from reads each run's request, key, queue, priority and concurrency key "
+                "from its line; drop --request/--key/--queue/--priority/--concurrency-key",
                 2,
             )
         _enqueue_from(ctx, source, agent, batch=batch, as_json=as_json)
@@ -138,9 +149,18 @@ def enqueue(
         fail("name the agent to run (or give --from FILE)", 2)
     max_bytes = settings_for(ctx).max_request_bytes
     body = json_object("{}" if request is None else request, "--request", max_bytes=max_bytes)
-    check_enqueue(ctx, agent, body, key, queue=queue, priority=priority)
+    check_enqueue(
+        ctx, agent, body, key, queue=queue, priority=priority, concurrency_key=concurrency_key
+    )
     with runtime(ctx, creates=True) as rt:
-        run_id = rt.enqueue(agent, body, idempotency_key=key, queue=queue, priority=priority)
+        run_id = rt.enqueue(
+            agent,
+            body,
+            idempotency_key=key,
+            queue=queue,
+            priority=priority,
+            concurrency_key=concurrency_key,
+        )
         if as_json:
             emit_json({"run_id": str(run_id)})
         else:

@@ -170,6 +170,19 @@ def test_langgraph__interrupt_with_a_schema_waits_for_input(db_url: str) -> None
         rt.close()
 
 
+def test_langgraph__graph_agent_defaults_its_concurrency_key(db_url: str) -> None:
+    """`app.graph(..., concurrency_key=, concurrency_limit=)` keys the graph's runs as
+    `@app.agent` does (ADR 0078)."""
+    app = steptrail.App()
+    app.graph("book", booking_graph(), concurrency_key="hotel:oslo", concurrency_limit=1)
+    rt = make_runtime(db_url, app=app)
+    try:
+        state = rt.get(rt.enqueue("book", {"city": "Oslo"})).state
+        assert (state.concurrency_key, state.concurrency_limit) == ("hotel:oslo", 1)
+    finally:
+        rt.close()
+
+
 def test_langgraph__zombie_checkpoint_writes_are_fenced(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

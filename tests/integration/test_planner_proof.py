@@ -17,6 +17,7 @@ import json
 import os
 import sqlite3
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,8 @@ def _scans_of_runs(plan: dict[str, Any]) -> list[dict[str, Any]]:
 # The one statement of steptrail_claim (migration 0018, ADR 0048): lock pass, event, update.
 CLAIM_MARKER = "WITH RECURSIVE clock AS MATERIALIZED"
 CLAIM_INDEX = "steptrail_runs_claim_idx"
+# Keyed runs' index (ADR 0078): walked per key the claim visits, never otherwise.
+KEYED_INDEX = "steptrail_runs_keyed_idx"
 
 
 def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -184,7 +187,9 @@ def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[
         assert n["Node Type"] in ("Index Scan", "Index Only Scan"), n
         assert _read(n) <= int(n.get("Actual Loops", 1)), n
         assert _buffers(n) <= 4 * int(n.get("Actual Loops", 1)) + 4, n
-    by_key = [n for n in scans if n not in on_claim_index]
+    keyed = [n for n in scans if n.get("Index Name") == KEYED_INDEX]
+    assert all(int(n.get("Actual Loops", 0)) == 0 for n in keyed), "no key was visited"
+    by_key = [n for n in scans if n not in on_claim_index and n not in keyed]
     assert all(n.get("Index Name") == "steptrail_runs_pkey" for n in by_key), by_key
     return walks, by_key
 
@@ -354,6 +359,66 @@ def test_pg_reaper_scan_and_stale_count__walk_the_lease_index(pg_fresh: str, sta
         assert scans[0]["Index Name"] == "steptrail_runs_lease_due_idx"
         assert _read(scans[0]) <= EXPIRED  # the stale runs, not every running one
         assert _buffers(inner) <= EXPIRED + 20
+
+
+KEYS = 2_000  # keys with runs to take, five each
+FULL_KEYS = 1_000  # keys whose two places are taken, with a backlog of five each
+
+
+def _pg_fill_keyed(conn: psycopg.Connection[Any]) -> None:
+    """Keyed runs of agent a (limit 2 per key), through the run index's triggers: KEYS keys
+    with five due runs each, FULL_KEYS keys with two running and five due, and sleepers."""
+    insert = (
+        "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+        " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
+        " concurrency_limit)"
+        " SELECT gen_random_uuid(), 'a', %(status)s, 2, 0, '{}'::jsonb,"
+        " CASE WHEN %(status)s <> 'running' THEN now() + %(at)s * interval '1 second'"
+        "  + g * interval '1 us' END,"
+        " CASE WHEN %(status)s = 'running' THEN now() + interval '10 minutes' END,"
+        " now(), now(), %(prefix)s || (g %% %(keys)s), 2"
+        " FROM generate_series(1, %(n)s) AS g"
+    )
+    for prefix, status, n, keys, at in (
+        ("k:", "queued", 5 * KEYS, KEYS, -10_000),  # before the plain backlog
+        ("full:", "running", 2 * FULL_KEYS, FULL_KEYS, 0),
+        ("full:", "queued", 5 * FULL_KEYS, FULL_KEYS, -20_000),
+        ("k:", "waiting_for_timer", 5 * KEYS, KEYS, 3600),
+    ):
+        conn.execute(insert, {"prefix": prefix, "status": status, "n": n, "keys": keys, "at": at})
+
+
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_claim__keyed_runs_cost_their_batch(pg_fresh: str, state: str) -> None:
+    """With thousands of keys (a thousand of them full) and a plain backlog, the claim reads
+    at most a batch of keys from the ready index (a full key is not in it) and, per key, at
+    most its free places from the keyed index: never the keys' backlogs or sleepers, never
+    a full key's runs (ADR 0078)."""
+    with psycopg.connect(pg_fresh, autocommit=True) as conn:
+        _pg_fill_keyed(conn)
+    rows, plans = _claim_with_plans(pg_fresh, state, ["a"], None)
+    assert len(rows) == LIMIT
+    keys = Counter(row["concurrency_key"] for row in rows)
+    # The keyed runs came first (claimable first), at most two per key, never a full key's.
+    assert max(keys.values()) <= 2, keys
+    assert all(k.startswith("k:") for k in keys), keys
+    inner = _inner(plans, CLAIM_MARKER)
+    ready = [
+        n
+        for n in _nodes(inner)
+        if n.get("Relation Name") == "steptrail_concurrency_keys"
+        and n["Node Type"].endswith("Scan")
+    ]
+    assert [n.get("Index Name") for n in ready if int(n.get("Actual Loops", 0))] == [
+        "steptrail_concurrency_keys_ready_idx"
+    ], ready
+    assert _read(ready[0]) <= LIMIT
+    keyed = [n for n in _scans_of_runs(inner) if n.get("Index Name") == KEYED_INDEX]
+    (walk,) = keyed
+    assert int(walk["Actual Loops"]) <= LIMIT
+    assert _read(walk) <= 2 * LIMIT  # each key's free places, not its backlog
+    assert _buffers(walk) <= int(walk["Actual Loops"]) * 6 + 20
+    assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") for n in _nodes(inner))
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -530,3 +595,56 @@ def test_sqlite_claim__levels_first_and_sleepers_cost_nothing(
     for rows in (got_few, got_many):
         assert [r["priority"] for r in rows] == [9] * 5 + [3] * 5 + [0] * (LIMIT - 10)
     assert many <= few * 1.2 + 50, (few, many)
+
+
+def _add_keyed(conn: sqlite3.Connection, keys: int) -> None:
+    """`keys` keys of agent a (limit 2) with five due runs each and as many sleepers, and
+    `keys` full keys (two running, five due), through the run index's triggers."""
+    insert = (
+        "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
+        " INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+        " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
+        " concurrency_limit)"
+        " SELECT lower(hex(randomblob(16))), 'a', :status, 2, 0, '{}',"
+        " CASE WHEN :status <> 'running' THEN :at + i END,"
+        " CASE WHEN :status = 'running' THEN :now + 600000000 END,"
+        " :now, :now, :prefix || (i % :keys), 2 FROM g"
+    )
+    for prefix, status, n, at in (
+        ("k:", "queued", 5 * keys, NOW_US - 10_000 * 10**6),  # before the plain backlog
+        ("full:", "running", 2 * keys, 0),
+        ("full:", "queued", 5 * keys, NOW_US - 20_000 * 10**6),
+        ("k:", "waiting_for_timer", 5 * keys, NOW_US + 3600 * 10**6),
+    ):
+        conn.execute(
+            insert,
+            {"n": n, "status": status, "at": at, "now": NOW_US, "prefix": prefix, "keys": keys},
+        )
+    conn.commit()
+
+
+def test_sqlite_claim__keyed_walk_does_not_grow_with_keys_or_backlogs(tmp_path: Path) -> None:
+    """Ten times the keys, full keys, keyed backlog and sleepers: the same work per claim,
+    and no key over its limit (ADR 0078)."""
+    small = _sqlite_db(tmp_path, backlog=500, running=200, analysed=False)
+    large = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=False)
+    _add_keyed(small, 200)
+    _add_keyed(large, 2_000)
+    few, got_few = _pick_steps(small, None)
+    many, got_many = _pick_steps(large, None)
+    for rows in (got_few, got_many):
+        keys = Counter(r["concurrency_key"] for r in rows)
+        assert len(rows) == LIMIT
+        assert max(keys.values()) <= 2, keys
+        assert all(k.startswith("k:") for k in keys), keys
+    assert many <= few * 1.2 + 50, (few, many)
+    for name, params in (
+        ("claim_keys_ready", {"limit": LIMIT}),
+        (
+            "claim_keyed",
+            {"key": "k:1", "now": NOW_US, "agents": '["a"]', "queues": None, "limit": 2},
+        ),
+    ):
+        plan = _plan(large, queries("sqlite")[name], params)
+        assert not any("TEMP B-TREE" in d for d in plan), (name, plan)
+        assert any("_ready_idx" in d or "_keyed_idx" in d for d in plan), (name, plan)

@@ -378,3 +378,25 @@ def test_upgrade__runs_stored_before_have_no_family_and_a_new_one_works(
         family.close()
     catch_up(rt)
     assert rt.verify() == []
+
+
+@pytest.mark.parametrize("upgraded", VERSIONS, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__runs_have_no_key_and_keyed_runs_are_limited(upgraded: Runtime) -> None:
+    """Migration 0035 (ADR 0078) on every fixture: the old runs have no concurrency key and
+    are claimed as before; a keyed run enqueued after the upgrade is held to its key's
+    limit, and the index still equals its rebuild."""
+    rt = upgraded
+    rows = rt.store.all_rows()
+    assert {(r.state.concurrency_key, r.state.concurrency_limit) for r in rows} == {(None, None)}
+    rt.app.limit("tenant:*", 1)
+    keyed = [rt.enqueue("fixture_ok", concurrency_key="tenant:a") for _ in range(3)]
+    plain = [r.run_id for r in rows if r.status is RunStatus.QUEUED]
+    claimed = rt.store.claim_batch(
+        holder="worker:upgrade", lease_ms=60_000, agents=rt.app.agent_names, limit=16
+    )
+    by_key = Counter(c.run.state.concurrency_key for c in claimed)
+    assert by_key == {None: len(plain), "tenant:a": 1}
+    assert {c.run.id for c in claimed} >= set(plain)
+    assert len({c.run.id for c in claimed} & set(keyed)) == 1
+    assert rt.store.held_back(agents=rt.app.agent_names)
+    assert rt.verify_index() == []

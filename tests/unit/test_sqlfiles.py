@@ -51,6 +51,11 @@ BACKEND_ONLY: dict[str, str] = {
         "SQLite: the claim's walk of queues and priority levels, statement by statement in its "
         "write transaction (PostgreSQL: recursive CTEs of steptrail_claim; ADR 0077)",
     ),
+    **dict.fromkeys(
+        ("claim_keys_ready", "claim_keyed", "rotate_key"),
+        "SQLite: the claim's walk of concurrency keys in its write transaction (PostgreSQL: "
+        "the ready, keyed and rotated parts of steptrail_claim; ADR 0078)",
+    ),
     "set_priority": "PostgreSQL: PriorityChanged's column, as steptrail_append writes none "
     "(SQLite: update_run sets it; ADR 0077)",
     "insert_runs": "PostgreSQL: enqueue_many's one statement per batch (SQLite: executemany "

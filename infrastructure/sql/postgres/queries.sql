@@ -44,7 +44,8 @@ WITH clock AS MATERIALIZED (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
+        lease_expires_at, available_at, created_at, updated_at, queue, priority,
+        concurrency_key, concurrency_limit, parent_id
     ) SELECT
         %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
         %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
@@ -53,7 +54,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + %(lease_ms)s::bigint * interval '1 millisecond' END,
         CASE WHEN %(status)s = 'queued'
             THEN clock.at + %(retry_delay_ms)s::bigint * interval '1 millisecond' END,
-        clock.at, clock.at, %(queue)s, %(priority)s, %(parent_id)s::uuid
+        clock.at, clock.at, %(queue)s, %(priority)s, %(concurrency_key)s, %(concurrency_limit)s, %(parent_id)s::uuid
     FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -78,6 +79,9 @@ WHERE r.idempotency_key = %(idempotency_key)s::text AND NOT EXISTS (SELECT FROM 
 -- run inserted (created) and per taken key whose run this statement can see (not created); a
 -- key taken by a transaction that committed after this statement began is in neither, and
 -- the caller reads it (select_runs_by_keys). One NOTIFY per agent of the batch, not per run.
+-- The batch's concurrency keys' rows are locked first, in key order (`key_rows`; the run
+-- index's triggers, which count them, fire at the end of the statement): two batches with
+-- keys in opposite orders queue on the first key instead of deadlocking (ADR 0078).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
 ), given AS (
@@ -87,17 +91,25 @@ WITH clock AS MATERIALIZED (
         %(claim_versions)s::bigint[], %(requeue_counts)s::integer[], %(reasons)s::text[],
         %(keys)s::text[], %(docs)s::jsonb[], %(retry_delay_mss)s::bigint[],
         %(topics)s::text[], %(states)s::bytea[], %(requests)s::bytea[],
-        %(queues)s::text[], %(priorities)s::integer[], %(parent_ids)s::uuid[]
+        %(queues)s::text[], %(priorities)s::integer[],
+        %(concurrency_keys)s::text[], %(concurrency_limits)s::integer[], %(parent_ids)s::uuid[]
     ) WITH ORDINALITY AS g(
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc, retry_delay_ms, topic, state, request,
-        queue, priority, parent_id, ord
+        queue, priority, concurrency_key, concurrency_limit, parent_id, ord
     )
+), key_rows AS (
+    INSERT INTO steptrail_concurrency_keys AS k (key, concurrency_limit)
+    SELECT DISTINCT ON (g.concurrency_key) g.concurrency_key, g.concurrency_limit
+    FROM given AS g WHERE g.concurrency_key IS NOT NULL
+    ORDER BY g.concurrency_key, g.ord DESC
+    ON CONFLICT (key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit
 ), new_run AS (
     INSERT INTO steptrail_runs (
         run_id, agent, status, version, segment, holder, lease_ms, claim_version,
         requeue_count, reason, idempotency_key, doc,
-        lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
+        lease_expires_at, available_at, created_at, updated_at, queue, priority,
+        concurrency_key, concurrency_limit, parent_id
     ) SELECT
         g.run_id, g.agent, g.status, g.version, g.segment, g.holder, g.lease_ms,
         g.claim_version, g.requeue_count, g.reason, g.idempotency_key, g.doc,
@@ -105,7 +117,7 @@ WITH clock AS MATERIALIZED (
             THEN clock.at + g.lease_ms * interval '1 millisecond' END,
         CASE WHEN g.status = 'queued'
             THEN clock.at + g.retry_delay_ms * interval '1 millisecond' END,
-        clock.at, clock.at, g.queue, g.priority, g.parent_id
+        clock.at, clock.at, g.queue, g.priority, g.concurrency_key, g.concurrency_limit, g.parent_id
     FROM given AS g, clock
     ORDER BY g.ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -238,6 +250,15 @@ FROM steptrail_claim(
     %(lease_ms)s::bigint, %(queues)s::text[]
 ) AS c
 ORDER BY (c.run).run_id;
+-- name: keyed_held_back
+-- Whether a keyed run of these agents and queues is due but not claimed (held back by its
+-- key's limit): burst mode does not end while one is (ADR 0078).
+SELECT 1 AS held FROM steptrail_runs
+WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= now()
+  AND agent = ANY(%(agents)s::text[])
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+LIMIT 1;
+
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 
@@ -405,13 +426,14 @@ DELETE FROM steptrail_runs WHERE run_id = ANY(%(ids)s::uuid[]);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit, parent_id
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
-    %(queue)s, %(priority)s, %(parent_id)s::uuid
+    %(queue)s, %(priority)s, %(concurrency_key)s, %(concurrency_limit)s, %(parent_id)s::uuid
 )
 ON CONFLICT (run_id) DO UPDATE SET
     agent = excluded.agent, status = excluded.status, version = excluded.version,
@@ -420,19 +442,23 @@ ON CONFLICT (run_id) DO UPDATE SET
     reason = excluded.reason, idempotency_key = excluded.idempotency_key, doc = excluded.doc,
     lease_expires_at = excluded.lease_expires_at, available_at = excluded.available_at,
     created_at = excluded.created_at, updated_at = excluded.updated_at,
-    queue = excluded.queue, priority = excluded.priority, parent_id = excluded.parent_id
+    queue = excluded.queue, priority = excluded.priority,
+    concurrency_key = excluded.concurrency_key, concurrency_limit = excluded.concurrency_limit,
+    parent_id = excluded.parent_id
 WHERE (
     steptrail_runs.agent, steptrail_runs.status, steptrail_runs.version,
     steptrail_runs.segment, steptrail_runs.holder, steptrail_runs.lease_ms,
     steptrail_runs.claim_version, steptrail_runs.requeue_count, steptrail_runs.reason,
     steptrail_runs.idempotency_key, steptrail_runs.doc, steptrail_runs.lease_expires_at,
     steptrail_runs.available_at, steptrail_runs.created_at, steptrail_runs.updated_at,
-    steptrail_runs.queue, steptrail_runs.priority
+    steptrail_runs.queue, steptrail_runs.priority, steptrail_runs.concurrency_key,
+    steptrail_runs.concurrency_limit
 ) IS DISTINCT FROM (
     excluded.agent, excluded.status, excluded.version, excluded.segment, excluded.holder,
     excluded.lease_ms, excluded.claim_version, excluded.requeue_count, excluded.reason,
     excluded.idempotency_key, excluded.doc, excluded.lease_expires_at, excluded.available_at,
-    excluded.created_at, excluded.updated_at, excluded.queue, excluded.priority
+    excluded.created_at, excluded.updated_at, excluded.queue, excluded.priority,
+    excluded.concurrency_key, excluded.concurrency_limit
 );
 
 -- name: insert_missing_row
@@ -443,13 +469,14 @@ WHERE (
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit, parent_id
 ) VALUES (
     %(run_id)s, %(agent)s, %(status)s, %(version)s, %(segment)s, %(holder)s,
     %(lease_ms)s, %(claim_version)s, %(requeue_count)s, %(reason)s,
     %(idempotency_key)s, %(doc)s,
     %(lease_expires_at)s, %(available_at)s, %(created_at)s, %(updated_at)s,
-    %(queue)s, %(priority)s, %(parent_id)s::uuid
+    %(queue)s, %(priority)s, %(concurrency_key)s, %(concurrency_limit)s, %(parent_id)s::uuid
 )
 ON CONFLICT (run_id) DO NOTHING;
 
@@ -462,7 +489,8 @@ COPY steptrail_events (originator_id, originator_version, topic, state, recorded
 COPY steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit
 ) FROM STDIN;
 
 -- name: copy_saved

@@ -39,13 +39,14 @@ VALUES (?, ?, ?, ?, ?, ?);
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit, parent_id
 ) VALUES (
     :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
     :requeue_count, :reason, :idempotency_key, :doc,
     CASE WHEN :status = 'running' THEN :at + :lease_ms * 1000 END,
     CASE WHEN :status = 'queued' THEN :at + :retry_delay_ms * 1000 END,
-    :at, :at, :queue, :priority, :parent_id
+    :at, :at, :queue, :priority, :concurrency_key, :concurrency_limit, :parent_id
 );
 
 -- name: select_runs_by_keys
@@ -144,6 +145,7 @@ WHERE originator_id = :run_id AND journal IS NOT NULL
 -- the agent has a run the claim may take. One descent of the claim index per queue.
 SELECT queue FROM steptrail_runs INDEXED BY steptrail_runs_claim_idx
 WHERE agent = :agent AND queue > :after AND available_at IS NOT NULL
+  AND concurrency_limit IS NULL
 ORDER BY queue
 LIMIT 1;
 
@@ -152,6 +154,7 @@ LIMIT 1;
 -- or later: the claim walks the levels from the top, one descent each (ADR 0077).
 SELECT priority FROM steptrail_runs INDEXED BY steptrail_runs_claim_idx
 WHERE agent = :agent AND queue = :queue AND priority < :below AND available_at IS NOT NULL
+  AND concurrency_limit IS NULL
 ORDER BY priority DESC
 LIMIT 1;
 
@@ -169,9 +172,47 @@ SELECT r.*, s.body AS request
 FROM steptrail_runs AS r INDEXED BY steptrail_runs_claim_idx
 LEFT JOIN steptrail_saved AS s ON s.run_id = r.run_id AND s.kind = 'request'
 WHERE r.agent = :agent AND r.queue = :queue AND r.priority = :priority
-  AND r.available_at <= :now AND r.available_at IS NOT NULL
+  AND r.available_at <= :now AND r.available_at IS NOT NULL AND r.concurrency_limit IS NULL
 ORDER BY r.available_at, r.run_id
 LIMIT :limit;
+
+-- name: claim_keys_ready
+-- Keyed runs (ADR 0078): the keys with a free place and runs to take, least recently served
+-- first, with their free places; at most one key per place of the batch.
+SELECT key, concurrency_limit - running AS free
+FROM steptrail_concurrency_keys INDEXED BY steptrail_concurrency_keys_ready_idx
+WHERE pending > 0 AND running < concurrency_limit
+ORDER BY last_served, key
+LIMIT :limit;
+
+-- name: claim_keyed
+-- One key's due runs of the worker's agents and queues (:queues NULL: every queue), in claim
+-- order, up to its free places; with their saved requests, as `claim`.
+SELECT r.*, s.body AS request
+FROM steptrail_runs AS r INDEXED BY steptrail_runs_keyed_idx
+LEFT JOIN steptrail_saved AS s ON s.run_id = r.run_id AND s.kind = 'request'
+WHERE r.concurrency_key = :key AND r.concurrency_limit IS NOT NULL
+  AND r.available_at <= :now AND r.available_at IS NOT NULL
+  AND r.agent IN (SELECT value FROM json_each(:agents))
+  AND (:queues IS NULL OR r.queue IN (SELECT value FROM json_each(:queues)))
+ORDER BY r.priority DESC, r.available_at, r.run_id
+LIMIT :limit;
+
+-- name: rotate_key
+-- A key that gave the claim nothing (its runs asleep, or of agents and queues the worker
+-- does not serve) goes to the back, so the keys behind it are reached.
+UPDATE steptrail_concurrency_keys
+SET last_served = (SELECT coalesce(max(last_served), 0) + 1 FROM steptrail_concurrency_keys)
+WHERE key = :key;
+
+-- name: keyed_held_back
+-- Whether a keyed run of these agents and queues is due but not claimed (held back by its
+-- key's limit): burst mode does not end while one is (ADR 0078).
+SELECT 1 FROM steptrail_runs INDEXED BY steptrail_runs_keyed_idx
+WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= :now
+  AND agent IN (SELECT value FROM json_each(:agents))
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+LIMIT 1;
 
 -- name: claim_rows
 -- SQLite only: the Claimed fold as column updates (PostgreSQL's claim does this in its one
@@ -335,11 +376,13 @@ DELETE FROM steptrail_runs WHERE run_id BETWEEN :lo AND :hi;
 INSERT INTO steptrail_runs (
     run_id, agent, status, version, segment, holder, lease_ms, claim_version,
     requeue_count, reason, idempotency_key, doc,
-    lease_expires_at, available_at, created_at, updated_at, queue, priority, parent_id
+    lease_expires_at, available_at, created_at, updated_at, queue, priority,
+    concurrency_key, concurrency_limit, parent_id
 ) VALUES (
     :run_id, :agent, :status, :version, :segment, :holder, :lease_ms, :claim_version,
     :requeue_count, :reason, :idempotency_key, :doc,
-    :lease_expires_at, :available_at, :created_at, :updated_at, :queue, :priority, :parent_id
+    :lease_expires_at, :available_at, :created_at, :updated_at, :queue, :priority,
+    :concurrency_key, :concurrency_limit, :parent_id
 );
 
 -- name: store_now
