@@ -88,6 +88,18 @@ class Spawner:
     def body(self, agent: str, request: Mapping[str, Any] | None) -> bytes:
         return encode_request(self.app, agent, request, max_bytes=self.max_request_bytes)
 
+    def keying(self, agent: str, parent: Run) -> tuple[str | None, int | None]:
+        """The child's (concurrency key, limit): its agent's own key if it has one (limited
+        by the App's patterns, as for any run), else the parent's key and limit.
+
+        Raises:
+            ValueError: the agent's own key has no limit (as `enqueue` refuses it).
+        """
+        own = self.app.keying(agent)
+        if own[0] is not None:
+            return own
+        return parent.state.concurrency_key, parent.state.concurrency_limit
+
     def spawn(
         self,
         store: RunStore,
@@ -99,8 +111,11 @@ class Spawner:
         seq: int,
         privacy: PrivacyLevel,
     ) -> UUID:
-        """Enqueue the child (or find the one the key made before); returns its id."""
+        """Enqueue the child (or find the one the key made before); returns its id. The
+        child takes its parent's queue and priority, and its concurrency key and limit
+        unless its own agent names a key (`keying`; ADR 0078)."""
         state = parent.state
+        concurrency_key, concurrency_limit = self.keying(agent, parent)
         child = Run.enqueue(
             run_id=new_run_id(),
             agent=agent,
@@ -110,6 +125,8 @@ class Spawner:
             trace_parent=state.trace_parent,
             queue=state.queue,
             priority=state.priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
             parent=(state.run_id, seq, privacy),
         )
         child_id = store.create(child, request=body).id
@@ -151,6 +168,10 @@ def start_child(
     ):
         raise InvalidRequest(f"a child's key is 1 to {MAX_CHILD_KEY} characters with no NUL")
     body = spawner.body(agent, request)  # UnknownAgent, InvalidRequest: nothing written
+    try:
+        spawner.keying(agent, ctx._segment.run)
+    except ValueError as bad:
+        raise InvalidRequest(str(bad)) from None
     args = {"agent": agent, "key": key, "request": digest(json.loads(body))}
     step = ctx.open_step(CHILD_STEP, agent, payload={"agent": agent, "key": key}, args=args)
     if isinstance(step, Replayed):

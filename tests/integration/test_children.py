@@ -151,6 +151,21 @@ def racer(ctx: RunContext, request: dict[str, Any]) -> Any:
     return ctx.wait_child(child)
 
 
+@app.agent("own_key", concurrency_key="mailbox:ops", concurrency_limit=1)
+def own_key(ctx: RunContext, request: dict[str, Any]) -> str:
+    return "own"
+
+
+@app.agent("tenant_parent")
+def tenant_parent(ctx: RunContext, request: dict[str, Any]) -> list[Any]:
+    handles = [ctx.start_child("square", {"x": x}) for x in range(3)]
+    handles.append(ctx.start_child("own_key", {}))
+    return ctx.wait_all(handles)
+
+
+app.limit("tenant:*", 1)
+
+
 @pytest.fixture
 def rt(db_url: str) -> Iterator[Runtime]:
     CALLS.clear()
@@ -448,3 +463,25 @@ def test_console__the_run_page_links_parent_and_children(rt: Runtime) -> None:
     up = web.get(f"/runs/{child.run_id}").text
     assert f'href="/runs/{run_id}"' in up
     assert "Child runs" not in up
+
+
+def test_concurrency_key__children_inherit_the_parents_key_unless_their_agent_has_one(
+    rt: Runtime,
+) -> None:
+    """Issue 28: a child takes its parent's concurrency key and limit; a child whose agent
+    names a key of its own keeps that one. With the tenant's limit of 1, the waiting
+    parent holds no place, so its children run (one at a time) and it completes."""
+    run_id = rt.enqueue("tenant_parent", {}, concurrency_key="tenant:acme")
+    drain(rt, run_id)
+    assert result_of(rt, run_id) == {"result": [0, 1, 4, "own"]}
+    keys = sorted(
+        (k.state.agent, k.state.concurrency_key, k.state.concurrency_limit)
+        for k in children_of(rt, run_id)
+    )
+    assert keys == [
+        ("own_key", "mailbox:ops", 1),
+        ("square", "tenant:acme", 1),
+        ("square", "tenant:acme", 1),
+        ("square", "tenant:acme", 1),
+    ]
+    assert rt.verify_index() == []
