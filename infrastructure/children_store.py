@@ -71,26 +71,23 @@ class SQLiteChildren:
 
     def tell_parent(self: _SQLiteStore, cur: sqlite3.Cursor, at: int, child: Run) -> Run | None:
         """Inside the child's settling write: the parent's signal, and its wake-up."""
+        from steptrail.infrastructure.sqlite_signals import insert_signal  # imports sqlite3
+
         parent_id = child.state.parent_id
         assert parent_id is not None
         cur.execute(self.q["select_run"], {"run_id": parent_id.hex})
         row = cur.fetchone()
 
         def store_signal(payload: bytes) -> int:
-            cur.execute(self.q["next_signal_seq"], {"run_id": parent_id.hex})
-            seq = int(cur.fetchone()["seq"])
-            cur.execute(
-                self.q["insert_signal"],
-                {
-                    "run_id": parent_id.hex,
-                    "seq": seq,
-                    "name": child_signal(child.id),
-                    "payload": payload,
-                    "sent_by": f"child:{child.id}",
-                    "at": at,
-                },
+            return insert_signal(
+                cur,
+                self.q,
+                parent_id,
+                name=child_signal(child.id),
+                payload=payload,
+                sent_by=f"child:{child.id}",
+                at=at,
             )
-            return seq
 
         parent = tell(row, child, store_signal)
         if parent is not None:

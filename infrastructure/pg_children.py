@@ -13,6 +13,7 @@ from psycopg.rows import DictRow
 from steptrail.domain.children import child_signal
 from steptrail.domain.run import Run
 from steptrail.infrastructure.children_store import tell
+from steptrail.infrastructure.pg_signals import insert_signal
 from steptrail.projections.run_index import RunRow
 
 
@@ -53,19 +54,14 @@ class PostgresChildren:
             row = conn.execute(self.q["select_run"], {"run_id": parent_id}).fetchone()
 
             def store_signal(payload: bytes) -> int:
-                found = conn.execute(self.q["next_signal_seq"], {"run_id": parent_id}).fetchone()
-                seq = int(found["seq"]) if found is not None else 1
-                conn.execute(
-                    self.q["insert_signal"],
-                    {
-                        "run_id": parent_id,
-                        "seq": seq,
-                        "name": child_signal(run.id),
-                        "payload": payload,
-                        "sent_by": f"child:{run.id}",
-                    },
+                return insert_signal(
+                    conn,
+                    self.q,
+                    parent_id,
+                    name=child_signal(run.id),
+                    payload=payload,
+                    sent_by=f"child:{run.id}",
                 )
-                return seq
 
             parent = tell(row, run, store_signal)
             if parent is not None:

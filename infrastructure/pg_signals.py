@@ -19,6 +19,26 @@ from steptrail.domain.run import Run
 from steptrail.domain.waits import Signal, SignalArrived, SignalGuard, guard_names
 
 
+def insert_signal(
+    conn: psycopg.Connection[DictRow],
+    q: Any,
+    run_id: UUID,
+    *,
+    name: str,
+    payload: bytes,
+    sent_by: str,
+) -> int:
+    """Store a signal at the end of `run_id`'s inbox (in the caller's transaction, which
+    holds the run's row lock); its number."""
+    row = conn.execute(q["next_signal_seq"], {"run_id": run_id}).fetchone()
+    seq = int(row["seq"]) if row is not None else 1
+    conn.execute(
+        q["insert_signal"],
+        {"run_id": run_id, "seq": seq, "name": name, "payload": payload, "sent_by": sent_by},
+    )
+    return seq
+
+
 class _Store(Protocol):
     q: Any
 
@@ -57,18 +77,7 @@ class PostgresSignals:
         woken: Run | None = None
         with self._connection() as conn, conn.transaction():
             _lock_row(self, conn, run)
-            row = conn.execute(self.q["next_signal_seq"], {"run_id": run.id}).fetchone()
-            seq = int(row["seq"]) if row is not None else 1
-            conn.execute(
-                self.q["insert_signal"],
-                {
-                    "run_id": run.id,
-                    "seq": seq,
-                    "name": name,
-                    "payload": payload,
-                    "sent_by": sent_by,
-                },
-            )
+            seq = insert_signal(conn, self.q, run.id, name=name, payload=payload, sent_by=sent_by)
             woken = wake(seq)
             if woken is not None and woken.pending_events:
                 statement, params = self.append_statement(woken)

@@ -21,6 +21,33 @@ from steptrail.domain.waits import Signal, SignalArrived, SignalGuard, guard_nam
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def insert_signal(
+    cur: sqlite3.Cursor,
+    q: Any,
+    run_id: UUID,
+    *,
+    name: str,
+    payload: bytes,
+    sent_by: str,
+    at: int,
+) -> int:
+    """Store a signal at the end of `run_id`'s inbox (in the caller's write); its number."""
+    cur.execute(q["next_signal_seq"], {"run_id": run_id.hex})
+    seq = int(cur.fetchone()["seq"])
+    cur.execute(
+        q["insert_signal"],
+        {
+            "run_id": run_id.hex,
+            "seq": seq,
+            "name": name,
+            "payload": payload,
+            "sent_by": sent_by,
+            "at": at,
+        },
+    )
+    return seq
+
+
 class _Store(Protocol):
     q: Any
 
@@ -75,18 +102,8 @@ class SQLiteSignals:
         woken: Run | None = None
         with self._write() as (cur, at):
             _check_version(self, cur, run)
-            cur.execute(self.q["next_signal_seq"], {"run_id": run.id.hex})
-            seq = int(cur.fetchone()["seq"])
-            cur.execute(
-                self.q["insert_signal"],
-                {
-                    "run_id": run.id.hex,
-                    "seq": seq,
-                    "name": name,
-                    "payload": payload,
-                    "sent_by": sent_by,
-                    "at": at,
-                },
+            seq = insert_signal(
+                cur, self.q, run.id, name=name, payload=payload, sent_by=sent_by, at=at
             )
             woken = wake(seq)
             if woken is not None and woken.pending_events:
