@@ -15,9 +15,7 @@ deadline runs on a helper thread the agent stops waiting for at the deadline (AD
 
 from __future__ import annotations
 
-import contextvars
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -50,15 +48,13 @@ from steptrail.domain.journal import (
 )
 from steptrail.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    PayloadRejected,
-    check_depth,
     check_size,
 )
-from steptrail.domain.privacy import filter_payload, tool_label
+from steptrail.domain.privacy import tool_label
 from steptrail.domain.rate_limits import RateLimit
-from steptrail.domain.run import Decision, Run
+from steptrail.domain.run import Decision
 from steptrail.domain.schemas import check_schema
-from steptrail.workers import children, decision_steps, rate_limits, waits
+from steptrail.workers import children, decision_steps, rate_limits, steps, waits
 from steptrail.workers.context_parts import (  # re-exported: split out (ADR 0073)
     AwaitableInSyncStep,
     CallResult,
@@ -72,9 +68,6 @@ from steptrail.workers.context_parts import (  # re-exported: split out (ADR 007
     StepTimedOut,
     Suspend,
     _bind,
-    _entry,
-    _error_type,
-    _not_awaitable,
     _replayed,
     _unwrap,
     denied_result,
@@ -82,7 +75,7 @@ from steptrail.workers.context_parts import (  # re-exported: split out (ADR 007
     jsonable,
 )
 from steptrail.workers.segment import LeaseLost, Segment
-from steptrail.workers.telemetry import NO_STEP, StepEnd, StepProbe
+from steptrail.workers.telemetry import NO_STEP, StepProbe
 
 __all__ = [
     "AwaitableInSyncStep",
@@ -651,23 +644,8 @@ class RunContext:
     # -- internals -----------------------------------------------------------------------------
 
     def _next(self, call: StepCall) -> JournalEntry | None:
-        """The journal's answer for this call's position (None: run it for real).
-
-        Raises ValueError, before anything runs, for a name with a NUL character: no backend
-        keeps one alike (PostgreSQL refuses it in text), and a run must not fail on one
-        backend and pass on the other."""
-        if "\x00" in call.name:
-            raise ValueError(
-                f"a {call.kind} step's name cannot hold a NUL character: {call.name!r}"
-            )
-        if self._segment.lost is not None:
-            raise self._segment.lost
-        entry = self._journal.next(call)
-        if entry is None:
-            self.note_replay()
-        else:
-            self._segment.probe.step_replayed(call.kind, call.name, entry.seq, failed=entry.failed)
-        return entry
+        """The journal's answer for this call's position (None: run it); `steps.next_entry`."""
+        return steps.next_entry(self, call)
 
     def live_callable(self, step: LiveStep, fn: Callable[[], Any]) -> Callable[[], Any]:
         """What a live step runs: `fn` itself. The testing kit's context wraps it to inject
@@ -676,64 +654,16 @@ class RunContext:
         return fn
 
     def _run_live(self, step: LiveStep, fn: Callable[[], T | Recorded[T]]) -> T:
-        if step.rate is not None:
-            step = rate_limits.acquire(self, step)
-        fn = self.live_callable(step, fn)
-        deactivate = step.probe.activate()
-        try:
-            if step.limit is None:
-                outcome = fn()
-            else:
-                outcome = self._with_deadline(step.call.name, fn, step.limit)
-            outcome = _not_awaitable(outcome, step.call.kind, step.call.name)
-        except Exception as error:
-            deactivate()
-            self.close_step(step, error=error)
-            raise
-        except BaseException:
-            deactivate()
-            step.probe.close()
-            raise
-        deactivate()
-        value: T = self.close_step(step, outcome=outcome)
-        return value
+        return steps.run_live(self, step, fn)
 
     def _limit(self, timeout: float | None) -> float | None:
-        """The deadline of the next step: its own, cut to what is left of the segment's."""
-        most = self._deadlines.max_duration
-        if most is None:
-            return timeout
-        left = self._started + most - self._clock()
-        if left <= 0:
-            raise RunTimedOut(most)
-        return left if timeout is None else min(timeout, left)
+        """The next step's deadline, cut to the segment's (`steps.step_limit`)."""
+        return steps.step_limit(self, timeout)
 
     def _with_deadline(self, name: str, fn: Callable[[], Any], seconds: float) -> Any:
-        """Run `fn` on a helper thread and stop waiting for it after `seconds`.
-
-        Python cannot kill a thread: a step past its deadline goes on running until it
-        returns by itself, but nothing it returns is recorded, and the lease keeper stops
-        renewing for a step it is still waiting on after the deadline (ADR 0015).
-        """
-        box: dict[str, Any] = {}
-        context = contextvars.copy_context()
-
-        def target() -> None:
-            try:
-                box["value"] = context.run(fn)
-            except BaseException as error:  # noqa: BLE001 - re-raised in the agent's thread
-                box["error"] = error
-
-        thread = threading.Thread(target=target, name=f"steptrail-step-{name}", daemon=True)
-        with self.renewing_until(seconds):
-            thread.start()
-            thread.join(seconds)
-        if thread.is_alive():
-            self.log.warning("step_timed_out", step=name, timeout_s=seconds)
-            raise StepTimedOut(name, seconds)
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
+        """Run `fn` on a helper thread and stop waiting for it after `seconds` (ADR 0015;
+        `steps.with_deadline`)."""
+        return steps.with_deadline(self, name, fn, seconds)
 
     def _record(
         self,
@@ -747,56 +677,18 @@ class RunContext:
         log_result: bool = True,
         probe: StepProbe = NO_STEP,
     ) -> None:
-        duration_ms = int((time.perf_counter() - started) * 1000)
-        kind, name = call.kind, call.name
-        body: dict[str, Any] = dict(payload or {})
-        tokens, cost = 0, 0.0
-        if extra is not None:
-            body.update(extra.payload)
-            tokens, cost = extra.tokens, extra.cost
-        if error is None and log_result:
-            body["content" if kind == "llm" else "result"] = result
-        error_type = _error_type(error) if error is not None else None
-        rejected: PayloadRejected | None = None
-        try:
-            # Bounded before anything else walks it (ADR 0019): what is written must be
-            # readable back. A step whose payload or value is too deep or too large is
-            # recorded without them, as failed with the limit's error type (in the journal
-            # too, so a replay fails the same way), and the agent gets the error.
-            check_depth(body, f"the payload of step {name!r}")
-            if error is None and not log_result:
-                # (Logged, the value sits one level down in `body`, whose check covers it.)
-                check_depth(result, f"the value of step {name!r}")
-            filtered = filter_payload(
-                jsonable(body), self._privacy, declared_tools=self._declared_tools
-            )
-            self.check_size(filtered, f"the payload of step {name!r}")
-            if error is None:
-                self.check_size(jsonable(result), f"the value of step {name!r}")
-            entry = _entry(call, self._journal.position, result, error, self._classify)
-        except PayloadRejected as too_much:
-            filtered, error_type = {"payload_rejected": True}, type(too_much).__name__
-            rejected = too_much if error is None else None
-            entry = _entry(call, self._journal.position, None, too_much, self._classify)
-
-        def record(run: Run) -> int:
-            return run.record_step(
-                kind=kind,
-                name=name,
-                duration_ms=duration_ms,
-                payload=filtered,
-                privacy=self._privacy,
-                error_type=error_type,
-                tokens=tokens,
-                cost=cost,
-                journal=entry,
-            )
-
-        self._segment.defer(record)
-        failure = entry.failure_class.value if entry.failure_class is not None else None
-        probe.ended(StepEnd(self.next_seq - 1, filtered, tokens, cost, error_type, failure))
-        if rejected is not None:
-            raise rejected
+        """Defer the step's record onto the segment's next append (`steps.record`)."""
+        steps.record(
+            self,
+            call=call,
+            started=started,
+            payload=payload,
+            extra=extra,
+            error=error,
+            result=result,
+            log_result=log_result,
+            probe=probe,
+        )
 
     def check_size(self, payload: Any, what: str) -> None:
         """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from steptrail.domain.enums import Effect, FailureClass, RunStatus, TerminationReason, WaitKind
 from steptrail.domain.errors import IllegalTransition, VersionConflict
 from steptrail.domain.run import Run, fold
-from steptrail.infrastructure import codec, postgres, sqlite
+from steptrail.infrastructure import codec, pg_bulk, pg_reads, sqlite_bulk, sqlite_reads
 from steptrail.infrastructure.reporting_store import ReportingStore
 from steptrail.runtime import Runtime
 from steptrail.workers.projector import Projector
@@ -209,7 +209,8 @@ def test_snapshot__loading_a_long_run_replays_nothing(
         decoded[topic] += 1
         return real(topic, state, **where)
 
-    for module in (codec, postgres, sqlite):
+    # Every module that decodes a store's events (the stores' reads and bulk parts).
+    for module in (codec, pg_reads, pg_bulk, sqlite_reads, sqlite_bulk):
         monkeypatch.setattr(module, "decode_event", counting)
     assert len(store.history(run.id)) == 302  # the counter does count decodes
     decoded.clear()
