@@ -33,6 +33,10 @@ DEFAULT_MARGIN_S = 0.2
 # A provider's Retry-After beyond this is taken as this (a typo must not block for a day).
 MAX_BLOCK_S = 3600.0
 STEP_NAME_PREFIX = "rate_limit:"
+# Burst mode waits for a run asleep for its rate limit only if it wakes within this many
+# seconds (ADR 0083): a drain under a minute's window finishes, a run told to wait an hour
+# is left to the next worker, as a run sleeping on its own timer is.
+BURST_HORIZON_S = 60.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 
 

@@ -1,11 +1,13 @@
 """A step's rate limit (ADR 0080): the grant before its live call, the wait, the correction.
 
-`ctx.llm(..., limit="openai", tokens=estimate)` and `ctx.step(..., limit=...)` delegate here.
+`ctx.llm(..., limit="openai", tokens=estimate)`, `ctx.step(..., limit=...)` and `ctx.tool(...,
+limit=...)` delegate here, and so does an agent's run-level limit (`workers/run_limits.py`).
 The rules that make it safe:
 
 * **Replay never acquires.** The grant is asked for only once the journal has said the step
   must run (`open_step` returned a `LiveStep`), after its boundary: a replayed step spent
-  its grant in the segment that ran it.
+  its grant in the segment that ran it. A write tool's pending-effect marker comes after
+  the grant (ADR 0083): no run waits, in place or asleep, holding a marker.
 * **The store decides.** Each attempt is one transaction of the store (`acquire_rate`),
   which judges the sliding window by its own clock under the limit's lock: workers on
   every machine share one window, and none trusts its own clock or memory.
@@ -146,11 +148,16 @@ def acquire(
 ) -> LiveStep:
     """`step` once granted (its duration counted from then), waiting in place (on the
     agent's thread) or suspending."""
-    assert step.rate is not None
+    rate = step.rate
+    assert rate is not None
     try:
-        while (wait := attempt(ctx, step.rate)) > 0:
+        while (wait := attempt(ctx, rate)) > 0:
             sleep(wait)
-        if step.rate.waited_s:
+        if step.marker is not None:
+            # A write tool's marker, now that it is granted (ADR 0083): fenced, so it also
+            # proves the run is still ours after any wait.
+            step = ctx.mark_pending(step)
+        elif rate.waited_s:
             ctx.heartbeat()  # still ours after the wait? (a cancel may have come meanwhile)
     except BaseException:
         step.probe.close()
@@ -160,11 +167,14 @@ def acquire(
 
 async def acquire_async(ctx: RunContext, threads: StoreThreads, step: LiveStep) -> LiveStep:
     """`acquire` for an async agent: each try on a store thread, each wait awaited."""
-    assert step.rate is not None
+    rate = step.rate
+    assert rate is not None
     try:
-        while (wait := await threads.call(attempt, ctx, step.rate)) > 0:
+        while (wait := await threads.call(attempt, ctx, rate)) > 0:
             await asyncio.sleep(wait)
-        if step.rate.waited_s:
+        if step.marker is not None:
+            step = await threads.call(ctx.mark_pending, step)
+        elif rate.waited_s:
             await threads.call(ctx.heartbeat)
     except BaseException:
         step.probe.close()
