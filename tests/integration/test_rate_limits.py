@@ -12,6 +12,7 @@ from uuid import uuid4
 import pytest
 
 from steptrail import App, RunContext
+from steptrail.domain import rate_limits as rate_limit_rules
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.rate_limits import RateLimit, RateLimited, UnknownRateLimit
 from steptrail.domain.run import Run
@@ -244,8 +245,9 @@ def test_step__a_long_wait_suspends_on_a_timer_and_wakes_to_try_again(
 ) -> None:
     """With no patience, the second run suspends on the timer `rate_limit:brief` holding no
     lease; it wakes when the window allows, takes its grant and completes: no failure, no
-    retry, the step ran once."""
+    retry, the step ran once. (No burst horizon: the burst ends with the run asleep.)"""
     monkeypatch.setattr(rate_limits, "PATIENCE_S", 0.0)
+    monkeypatch.setattr(rate_limit_rules, "BURST_HORIZON_S", 0.0)
     first = rt.enqueue("asker", {"limit": "brief"})
     second = rt.enqueue("asker", {"limit": "brief"})
     rt.work(burst=True)
@@ -314,6 +316,7 @@ def test_async_step__a_long_wait_suspends_and_wakes(
     """An async run whose grant must wait past its patience suspends on the limit's timer
     (raised from its store thread into the agent's task) and completes once woken."""
     monkeypatch.setattr(rate_limits, "PATIENCE_S", 0.0)
+    monkeypatch.setattr(rate_limit_rules, "BURST_HORIZON_S", 0.0)
     first, second = rt.enqueue("async_asker"), rt.enqueue("async_asker")
     rt.work(burst=True)
     waiting = [r for r in (first, second) if rt.get(r).status is RunStatus.WAITING_FOR_TIMER]
