@@ -22,9 +22,9 @@ The rules that make it safe:
 * **Real usage corrects the estimate.** A step returning `Recorded(value, tokens=n)` with
   `n > 0` replaces its grant's estimated tokens by `n`, for every later decision.
 * **A provider's 429 blocks the limit.** A step failing with an error classified
-  `rate_limit` that says how long to wait (`retry_after`, or a numeric `Retry-After` header
-  of its `response`) blocks the limit for every worker until then (at most an hour); the
-  error then goes the way of any error (the run's retry policy).
+  `rate_limit` that says how long to wait (`retry_after`, or the `Retry-After` header of its
+  `response`, in seconds or as an HTTP date) blocks the limit for every worker until then
+  (at most an hour); the error then goes the way of any error (the run's retry policy).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from uuid import UUID
 
@@ -200,7 +201,9 @@ def settle(
     store, name = _store(ctx), rate.limit.name
     try:
         if error is not None:
-            after = retry_after_of(error)
+            # An HTTP date is read by this worker's clock (the block itself is counted
+            # on the store's): their skew errs into the block's length (ADR 0083).
+            after = retry_after_of(error, now=datetime.now(UTC))
             if after is not None and ctx._classify(error) is FailureClass.RATE_LIMIT:
                 store.block_rate_limit(name, after)
                 ctx.log.warning("rate_limit_blocked", limit=name, retry_after_s=after)

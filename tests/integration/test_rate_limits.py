@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 from uuid import uuid4
 
@@ -275,6 +277,18 @@ def test_step__a_429_blocks_the_limit_for_every_worker(rt: Runtime) -> None:
     (row,) = [r for r in rt.store.rate_limit_rows() if r.limit.name == "hour"]
     assert row.blocked_until is not None
     assert 29 < rt.store.acquire_rate("hour", 0, uuid4()).wait_s <= 30.1
+
+
+def test_step__a_429_with_an_http_date_blocks_until_that_date(rt: Runtime) -> None:
+    """RateLimited given a Retry-After HTTP date 30 s ahead blocks the limit until about
+    then (the date is whole seconds: between 28 and 30 s from the next acquire)."""
+    when = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    run_id = rt.enqueue("throttled", {"key": "dated", "retry_after": when})
+    rt.work(burst=True)
+    assert rt.get(run_id).status is not RunStatus.COMPLETED
+    (row,) = [r for r in rt.store.rate_limit_rows() if r.limit.name == "hour"]
+    assert row.blocked_until is not None
+    assert 28 < rt.store.acquire_rate("hour", 0, uuid4()).wait_s <= 30.1
 
 
 def test_step__bad_use_is_refused_with_nothing_granted(rt: Runtime) -> None:
