@@ -22,6 +22,7 @@ from tests.conftest import make_runtime
 from tests.integration.test_waits import drain_until
 
 ENTERED: list[UUID] = []
+CALLS: list[str] = []
 
 
 def define(app: App, *, gated: bool) -> App:
@@ -54,6 +55,18 @@ def define(app: App, *, gated: bool) -> App:
 
         return await ctx.step("plain", "only", only)
 
+    app.tool("send_email", effect="non_idempotent_write")
+
+    @app.agent("by_hand", **gate)
+    def by_hand(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        if ctx.resumed is None:
+            CALLS.append("draft")
+            ctx.llm("draft", lambda: "d")
+            ctx.request_approval([{"name": "send_email", "arguments": {}}])
+        ctx.run_pending({"send_email": lambda: CALLS.append("send") or "sent"})
+        ctx.llm("after", lambda: CALLS.append("after") or "a")
+        return {}
+
     return app
 
 
@@ -63,6 +76,7 @@ app = define(App(), gated=True)
 @pytest.fixture
 def rt(db_url: str) -> Iterator[Runtime]:
     ENTERED.clear()
+    CALLS.clear()
     runtime = make_runtime(db_url, app, privacy_level="full")
     yield runtime
     runtime.close()
@@ -182,6 +196,19 @@ def test_run_limit__a_run_outlives_the_option_being_removed(rt: Runtime, db_url:
         assert used(after, "hour") == (1, 10)
     finally:
         after.close()
+
+
+def test_run_limit__an_agent_resuming_by_hand_after_its_grant(rt: Runtime) -> None:
+    """A gated agent that reads `ctx.resumed` first and skips its earlier steps by hand
+    resumes after an approval as before: the replayed grant does not count as its own
+    step, so nothing mismatches, and the grant was taken once."""
+    run_id = rt.enqueue("by_hand")
+    rt.work(burst=True)
+    assert rt.get(run_id).status is RunStatus.WAITING_FOR_APPROVAL
+    rt.approve(run_id, by="alice", resume="here")
+    assert CALLS == ["draft", "send", "after"]
+    assert rt.get(run_id).status is RunStatus.COMPLETED
+    assert used(rt, "hour") == (1, 10)
 
 
 def test_run_limit__an_undefined_limit_is_refused_at_enqueue(db_url: str) -> None:
