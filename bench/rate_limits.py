@@ -7,8 +7,10 @@ limit a drain under it runs.
 **Cost.** N runs of an agent with one `ctx.llm` step are drained by one worker of
 `--concurrency` slots, once with a plain step and once with `limit="roomy"` (a limit of
 10^6 requests a minute that never makes a step wait), alternated over `--rounds`: the median
-ratio of throughputs is what the acquire (one more transaction per step) costs. Reported as
-a ratio, never asserted.
+ratio of throughputs is what the acquire (one more transaction per step) costs. A third
+agent, `gated`, has the plain step and a run-level limit (`rate_limit="roomy"`, ADR 0083):
+its ratio is what one grant per run (and its `rate_limit` step) costs. Reported as ratios,
+never asserted.
 
 **Pace.** N runs under a limit of R requests per second (default 40; margin 0.2 s) are
 drained with 8 slots: the fastest drain the limit allows against the measured one (1.0:
@@ -64,6 +66,11 @@ def make_app(rate: int) -> tuple[steptrail.App, list[float]]:
     def roomy(ctx: steptrail.RunContext, request: dict[str, Any]) -> str:
         return ctx.llm("ask", call, limit="roomy", tokens=1)
 
+    # The same plain step, the run taking one grant of "roomy" before it (ADR 0083).
+    @app.agent("gated", rate_limit="roomy")
+    def gated(ctx: steptrail.RunContext, request: dict[str, Any]) -> str:
+        return ctx.llm("ask", call)
+
     @app.agent("paced")
     def paced(ctx: steptrail.RunContext, request: dict[str, Any]) -> str:
         return ctx.llm("ask", call, limit="paced")
@@ -108,10 +115,11 @@ def fresh(backend: str, folder: Path, pg: str) -> tuple[str, Any]:
 def bench(backend: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     app, calls = make_app(args.rate)
     out: dict[str, Any] = {"backend": backend, "runs": args.runs, "rounds": args.rounds}
-    rates: dict[str, list[float]] = {"plain": [], "roomy": []}
-    ratios = []
-    for n in range(args.rounds):  # alternated, so that a noisy neighbour hits both alike
-        for agent in ("plain", "roomy") if n % 2 == 0 else ("roomy", "plain"):
+    agents = ("plain", "roomy", "gated")
+    rates: dict[str, list[float]] = {agent: [] for agent in agents}
+    ratios, gated_ratios = [], []
+    for n in range(args.rounds):  # rotated, so that a noisy neighbour hits each alike
+        for agent in agents[n % 3 :] + agents[: n % 3]:
             url, drop = fresh(backend, folder, args.pg)
             try:
                 seconds = drain(url, app, agent, args.runs, args.concurrency)
@@ -119,9 +127,11 @@ def bench(backend: str, args: argparse.Namespace, folder: Path) -> dict[str, Any
                 drop()
             rates[agent].append(args.runs / seconds)
         ratios.append(rates["roomy"][-1] / rates["plain"][-1])
+        gated_ratios.append(rates["gated"][-1] / rates["plain"][-1])
     for agent, measured in rates.items():
         out[f"{agent}_runs_per_s"] = round(statistics.median(measured), 1)
     out["limited_vs_plain"] = round(statistics.median(ratios), 3)
+    out["run_level_vs_plain"] = round(statistics.median(gated_ratios), 3)
     calls.clear()
     url, drop = fresh(backend, folder, args.pg)
     try:

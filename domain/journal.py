@@ -217,6 +217,7 @@ class JournalCursor:
         self.last_seq = 0
         self.diverged: NonDeterministic | None = None
         self._live = False
+        self._opened = 0  # positions the segment took before the agent ran (ADR 0083)
 
     @property
     def recorded(self) -> int:
@@ -225,13 +226,26 @@ class JournalCursor:
 
     @property
     def untouched(self) -> bool:
-        """No step call has consulted the cursor yet."""
-        return self.position == 0 and not self._live
+        """No step call of the agent's has consulted the cursor yet."""
+        return self.position == self._opened and not self._live
 
     @property
     def live(self) -> bool:
         """Replay is over: every further call runs for real."""
         return self._live or self.position >= len(self._entries)
+
+    def upcoming(self) -> StepCall | None:
+        """The call recorded at the next position (None once replay is over), without
+        advancing: what a segment checks before the agent runs (ADR 0083)."""
+        if self.diverged is not None or self.live:
+            return None
+        return self._entries[self.position].call
+
+    def opened(self) -> None:
+        """The positions consulted so far were the segment's own, before the agent ran (a
+        run-level rate limit's step, ADR 0083): the agent's calls still find the cursor
+        `untouched`, so it may resume by hand."""
+        self._opened = self.position
 
     def go_live(self, position: int) -> None:
         """Stop replaying, numbering further calls on from `position` (the agent resumes by

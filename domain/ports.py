@@ -170,9 +170,16 @@ class RunStore(Protocol):
         """The run's events in order from version `first`, at most `limit` of them."""
         ...
 
-    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+    def held_back(
+        self,
+        *,
+        agents: Sequence[str],
+        queues: Sequence[str] | None = None,
+        rate_horizon_s: float = 0.0,
+    ) -> bool:
         """Whether a run of `agents` and `queues` with a concurrency key is due but waits
-        for a place under its key's limit (ADR 0078)."""
+        for a place under its key's limit (ADR 0078), or sleeps on its rate limit's timer
+        (`rate_limit:NAME`) and wakes within `rate_horizon_s` (ADR 0083)."""
         ...
 
     def wait_for_work(self, timeout: float) -> None:

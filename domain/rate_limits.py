@@ -18,7 +18,8 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from steptrail.domain.classifier import ClassifiedError
@@ -33,6 +34,10 @@ DEFAULT_MARGIN_S = 0.2
 # A provider's Retry-After beyond this is taken as this (a typo must not block for a day).
 MAX_BLOCK_S = 3600.0
 STEP_NAME_PREFIX = "rate_limit:"
+# Burst mode waits for a run asleep for its rate limit only if it wakes within this many
+# seconds (ADR 0083): a drain under a minute's window finishes, a run told to wait an hour
+# is left to the next worker, as a run sleeping on its own timer is.
+BURST_HORIZON_S = 60.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 
 
@@ -195,29 +200,49 @@ def fits(
     return limit.tokens is None or held + tokens <= limit.tokens
 
 
-def retry_after_of(error: BaseException) -> float | None:
-    """The seconds a provider asked to wait (`retry_after` on the error, or a numeric
-    `Retry-After` header of its `response`), capped at MAX_BLOCK_S; None if it says none."""
+def retry_after_of(error: BaseException, *, now: datetime) -> float | None:
+    """The seconds a provider asked to wait: `retry_after` on the error, or the
+    `Retry-After` header of its `response`; either as seconds or as an HTTP date (RFC 9110,
+    read with `email.utils.parsedate_to_datetime`, turned into seconds from `now`). Capped
+    at MAX_BLOCK_S; a date already past is 0; None if it says nothing readable."""
     value: Any = getattr(error, "retry_after", None)
     if value is None:
         headers: Any = getattr(getattr(error, "response", None), "headers", None)
         if isinstance(headers, Mapping):
             value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+    return retry_after_seconds(value, now=now)
+
+
+def retry_after_seconds(value: Any, *, now: datetime) -> float | None:
+    """A `Retry-After` value (seconds as a number or text, an HTTP date as text or a
+    `datetime`) as seconds from `now`, capped at MAX_BLOCK_S; None if unreadable."""
     if isinstance(value, str):
+        text = value.strip()
         try:
-            value = float(value)
+            value = float(text)
         except ValueError:
-            return None  # an HTTP date: not read (ADR 0080)
+            try:
+                value = parsedate_to_datetime(text)
+            except (TypeError, ValueError, IndexError):
+                return None
+    if isinstance(value, datetime):
+        # An HTTP date is GMT; one written with "-0000" parses naive: take it as UTC.
+        at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        value = (at - now).total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
     return min(max(float(value), 0.0), MAX_BLOCK_S)
 
 
 class RateLimited(ClassifiedError):
-    """Raise from a step when a provider refused it for its rate (a 429), with the seconds it
-    asked to wait: a step with `limit=` blocks that limit for every worker until then
-    (ADR 0080). Classified `rate_limit`, so the run's retry policy for it applies."""
+    """Raise from a step when a provider refused it for its rate (a 429), with how long it
+    asked to wait: seconds, or its `Retry-After` header as given (seconds or an HTTP date,
+    such as "Wed, 21 Oct 2026 07:28:00 GMT", or a `datetime`). A step with `limit=` blocks
+    that limit for every worker until then (ADR 0080, 0083); a value that cannot be read
+    blocks nothing. Classified `rate_limit`, so the run's retry policy for it applies."""
 
-    def __init__(self, retry_after: float | None = None, message: str = "") -> None:
+    def __init__(
+        self, retry_after: float | str | datetime | None = None, message: str = ""
+    ) -> None:
         super().__init__(FailureClass.RATE_LIMIT, message or "rate limited by the provider")
         self.retry_after = retry_after

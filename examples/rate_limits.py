@@ -1,6 +1,6 @@
 """Rate limits shared by every worker: a provider's requests and tokens per minute, a step
-that estimates its tokens and reports what it used, and a 429 that blocks the limit for
-everyone until its Retry-After (ADR 0080).
+that estimates its tokens and reports what it used, a 429 that blocks the limit for
+everyone until its Retry-After (ADR 0080), and a limit taken once per run (ADR 0083).
 
 python -m examples.rate_limits
 """
@@ -40,16 +40,35 @@ def answer(ctx: steptrail.RunContext, request: dict) -> dict:
 @app.agent("careful")
 def careful(ctx: steptrail.RunContext, request: dict) -> str:
     def ask() -> str:
-        status, retry_after = 429, 20.0  # what a provider's answer might say
+        # What a provider's answer might say: Retry-After in seconds ("20") or as a date.
+        status, headers = 429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}
         if status == 429:
-            # Blocks "openai" for every worker for 20 s; the run's rate_limit retry applies.
-            raise steptrail.RateLimited(retry_after=retry_after)
+            # Blocks "openai" for every worker until then (at most an hour); the run's
+            # rate_limit retry applies.
+            raise steptrail.RateLimited(retry_after=headers["Retry-After"])
         return "ok"
 
     return ctx.llm("ask", ask, limit="openai", tokens=500)
 
 
 # --8<-- [end:429]
+
+
+# --8<-- [start:run]
+app.tool("search", effect="read_only")
+
+
+# Each run takes one grant of "openai" (2,000 estimated tokens) before this function runs,
+# once per run however often it replays (ADR 0083); its tool takes a grant of its own.
+@app.agent("research", rate_limit="openai", rate_limit_tokens=2_000)
+def research(ctx: steptrail.RunContext, request: dict) -> list[str]:
+    def search() -> list[str]:
+        return [f"{request['topic']} result"]
+
+    return ctx.tool("search", search, arguments=request, limit="openai", tokens=10)
+
+
+# --8<-- [end:run]
 
 
 if __name__ == "__main__":
@@ -61,5 +80,10 @@ if __name__ == "__main__":
         (limit,) = rt.rate_limits()  # what `steptrail limits` lists
         assert (limit.limit.name, limit.used_requests, limit.used_tokens) == ("openai", 3, 18)
         # --8<-- [end:drive]
-        for run_id in run_ids:
+        researched = rt.enqueue("research", {"topic": "limits"})
+        rt.work(burst=True)
+        assert rt.get(researched).status == "completed"
+        (limit,) = rt.rate_limits()
+        assert limit.used_requests == 5  # one for the run, one for its tool
+        for run_id in [*run_ids, researched]:
             print(rt.get(run_id).status)

@@ -148,14 +148,24 @@ class PostgresReads(PostgresStoreBase):
         row = self._one("select_tombstone", {"run_id": run_id})
         return (row["category"], row["purged_at"]) if row is not None else None
 
-    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+    def held_back(
+        self,
+        *,
+        agents: Sequence[str],
+        queues: Sequence[str] | None = None,
+        rate_horizon_s: float = 0.0,
+    ) -> bool:
         """Whether a run of `agents` and `queues` with a concurrency key is due but waits
-        for a place under its key's limit (ADR 0078; burst mode waits for it)."""
-        params = {
+        for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
+        within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
+        params: dict[str, Any] = {
             "agents": list(dict.fromkeys(agents)),
             "queues": None if queues is None else list(dict.fromkeys(queues)),
         }
-        return self._one("keyed_held_back", params) is not None
+        if self._one("keyed_held_back", params) is not None:
+            return True
+        params["horizon_us"] = round(rate_horizon_s * 1e6)
+        return self._one("rate_held_back", params) is not None
 
 
 def _index_row(row: DictRow, run: Run | None = None) -> RunRow:

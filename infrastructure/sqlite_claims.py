@@ -99,11 +99,18 @@ class SQLiteClaims(SQLiteReads):
 
         return skip_unreadable(claimed, rows)
 
-    def held_back(self, *, agents: Sequence[str], queues: Sequence[str] | None = None) -> bool:
+    def held_back(
+        self,
+        *,
+        agents: Sequence[str],
+        queues: Sequence[str] | None = None,
+        rate_horizon_s: float = 0.0,
+    ) -> bool:
         """Whether a run of `agents` and `queues` with a concurrency key is due but waits
-        for a place under its key's limit (ADR 0078; burst mode waits for it)."""
+        for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
+        within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
         with self._read() as cur:
             names = tuple(dict.fromkeys(agents))
-            return held_back(
-                cur, self.q, names, None if queues is None else tuple(queues), self.now_us()
-            )
+            chosen = None if queues is None else tuple(queues)
+            horizon = round(rate_horizon_s * 1e6)
+            return held_back(cur, self.q, names, chosen, self.now_us(), horizon_us=horizon)

@@ -214,7 +214,8 @@ class Runtime(RuntimeEnqueue, RuntimeViews, RuntimeSchedules):
     def work(
         self, *, concurrency: int = 1, burst: bool = False, queues: Iterable[str] | None = None
     ) -> WorkerReport:
-        """Claim and execute runs until stopped (burst: until no run is ready), of `queues`
+        """Claim and execute runs until stopped (burst: until no run is ready, waiting for
+        runs held back by a key's limit or asleep on a rate limit due within 60 s), of `queues`
         only if given (see `worker`)."""
         return self.worker(concurrency=concurrency, burst=burst, queues=queues).run()
 

@@ -17,6 +17,7 @@ from steptrail.domain.actors import check_actor
 from steptrail.domain.digest import digest
 from steptrail.domain.errors import InvalidActor
 from steptrail.domain.limits import ENQUEUE_BATCH
+from steptrail.domain.rate_limits import UnknownRateLimit
 from steptrail.domain.run import Run
 from steptrail.workers.registry import App, UnknownAgent
 from steptrail.workers.requests import InvalidRequest as InvalidRequest  # noqa: PLC0414
@@ -324,12 +325,15 @@ def placement(
     Raises:
         UnknownAgent: no agent of that name in `app`.
         InvalidRequest: a malformed or unknown queue, a priority out of range, a malformed
-            concurrency key or one no limit applies to.
+            concurrency key or one no limit applies to, an agent's run-level rate limit
+            the App does not define.
     """
     try:
-        return (*app.placement(agent, queue, priority), *app.keying(agent, concurrency_key))
-    except ValueError as error:
+        placed = (*app.placement(agent, queue, priority), *app.keying(agent, concurrency_key))
+        app.check_run_limit(agent)  # its run-level rate limit is defined (ADR 0083)
+    except (ValueError, UnknownRateLimit) as error:
         raise InvalidRequest(str(error)) from None
+    return placed
 
 
 def request_body(

@@ -262,6 +262,8 @@ class AsyncRunContext:
         *,
         arguments: Mapping[str, Any] | None = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     @overload
     async def tool(
@@ -271,6 +273,8 @@ class AsyncRunContext:
         *,
         arguments: Mapping[str, Any] | None = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     @overload
     async def tool(
@@ -280,6 +284,8 @@ class AsyncRunContext:
         *,
         arguments: Mapping[str, Any] | None = ...,
         timeout: float | None = ...,
+        limit: str | None = ...,
+        tokens: int | None = ...,
     ) -> T: ...
     async def tool(
         self,
@@ -288,12 +294,20 @@ class AsyncRunContext:
         *,
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> Any:
         """Run tool `name` as the next step, honouring its declared effect: a write tool's
         pending-effect marker is appended and confirmed before `fn` is even called, and
-        its result is appended as soon as it returns (see `RunContext.tool`)."""
+        its result is appended as soon as it returns (see `RunContext.tool`). `limit` and
+        `tokens`: its rate limit and estimate (a write's marker follows the grant)."""
         opened = await self._threads.call(
-            self._core.open_tool, name, arguments=arguments, timeout=timeout
+            self._core.open_tool,
+            name,
+            arguments=arguments,
+            timeout=timeout,
+            limit=limit,
+            tokens=tokens,
         )
         return await self._run(opened, fn)
 

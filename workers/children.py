@@ -35,6 +35,7 @@ from steptrail.domain.enums import PrivacyLevel, RunStatus, WaitKind
 from steptrail.domain.errors import VersionConflict
 from steptrail.domain.journal import StepCall, fingerprint
 from steptrail.domain.ports import RunStore
+from steptrail.domain.rate_limits import UnknownRateLimit
 from steptrail.domain.run import Run
 from steptrail.domain.waits import Signal, SignalArrived, SignalGuard, woken_at
 from steptrail.workers import waits
@@ -94,8 +95,10 @@ class Spawner:
 
         Raises:
             ValueError: the agent's own key has no limit (as `enqueue` refuses it).
+            UnknownRateLimit: the agent's run-level rate limit is not defined.
         """
         own = self.app.keying(agent)
+        self.app.check_run_limit(agent)  # a child's run-level rate limit (ADR 0083)
         if own[0] is not None:
             return own
         return parent.state.concurrency_key, parent.state.concurrency_limit
@@ -170,7 +173,7 @@ def start_child(
     body = spawner.body(agent, request)  # UnknownAgent, InvalidRequest: nothing written
     try:
         spawner.keying(agent, ctx._segment.run)
-    except ValueError as bad:
+    except (ValueError, UnknownRateLimit) as bad:
         raise InvalidRequest(str(bad)) from None
     args = {"agent": agent, "key": key, "request": digest(json.loads(body))}
     step = ctx.open_step(CHILD_STEP, agent, payload={"agent": agent, "key": key}, args=args)

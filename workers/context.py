@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -450,6 +451,8 @@ class RunContext:
         *,
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> T:
         """Run tool `name` as the next step, honouring its declared effect.
 
@@ -461,8 +464,13 @@ class RunContext:
         so a finished write is never left unrecorded by a later crash (ADR 0014). The
         marker is cleared by that record; if the tool raises, the marker stays, because
         the write may have happened.
+
+        `limit` and `tokens`: its rate limit and estimate, as for `step`; a write tool's
+        marker is appended only once the grant is given (ADR 0083).
         """
-        opened = self.open_tool(name, arguments=arguments, timeout=timeout)
+        opened = self.open_tool(
+            name, arguments=arguments, timeout=timeout, limit=limit, tokens=tokens
+        )
         if isinstance(opened, Replayed):
             return opened.value  # type: ignore[no-any-return]
         return self._run_live(opened, fn)
@@ -511,9 +519,13 @@ class RunContext:
         *,
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        limit: str | None = None,
+        tokens: int | None = None,
     ) -> LiveStep | Replayed:
         """`open_step` for tool `name`: a write tool's pending-effect marker is appended
-        and confirmed here, before its callable may run."""
+        and confirmed here, before its callable may run; for a rate-limited write, only
+        once its grant is given (`mark_pending`, ADR 0083)."""
+        rate = rate_limits.claim(self._rate_limits, limit, tokens)
         # What the log, the journal and log lines call the tool: a name the request may have
         # chosen is free text, labelled below `redacted` unless the app declared it (ADR
         # 0019). The label is a pure function of the name and the privacy level, so a replay
@@ -527,24 +539,42 @@ class RunContext:
         payload: dict[str, Any] = {"tool": label, "effect": effect.value}
         if arguments is not None:
             payload["arguments"] = dict(arguments)
-        limit = timeout
-        if limit is None:
-            limit = self._deadlines.tool_timeout(name)
-        if limit is None:
-            limit = self._deadlines.step_timeout
-        if not effect.is_write:
+        deadline = timeout
+        if deadline is None:
+            deadline = self._deadlines.tool_timeout(name)
+        if deadline is None:
+            deadline = self._deadlines.step_timeout
+        if not effect.is_write or rate is not None:
+            # A rate-limited write passes the boundary now and appends its marker only once
+            # granted: a run waiting for its window holds no marker (ADR 0083).
             self._segment.boundary()
-            limit = self._limit(limit)
+            deadline = self._limit(deadline)
             probe = self._segment.probe.step_started("tool", label, self.next_seq)
-            return LiveStep(call, payload, limit, time.perf_counter(), probe=probe)
+            marker = effect if effect.is_write else None
+            started = time.perf_counter()
+            write = effect.is_write
+            return LiveStep(
+                call, payload, deadline, started, write=write, probe=probe, rate=rate, marker=marker
+            )
         # The deadline is known before the marker: a run out of time never leaves a marker
         # for a write that did not start.
-        limit = self._limit(limit)
+        deadline = self._limit(deadline)
+        self._mark(label, effect)
+        probe = self._segment.probe.step_started("tool", label, self.next_seq)
+        return LiveStep(call, payload, deadline, time.perf_counter(), write=True, probe=probe)
+
+    def mark_pending(self, step: LiveStep) -> LiveStep:
+        """A granted, rate-limited write tool's pending-effect marker, appended and
+        confirmed before its callable may run (ADR 0083); `step` unchanged otherwise."""
+        if step.marker is None:
+            return step
+        self._mark(step.call.name, step.marker)
+        return replace(step, marker=None, started=time.perf_counter())
+
+    def _mark(self, label: str, effect: Effect) -> None:
         seq = self._segment.commit(lambda run: run.mark_effect_pending(tool=label, effect=effect))
         version = self._segment.run.version
         self.log.info("effect_pending", tool=label, effect=effect.value, seq=seq, version=version)
-        probe = self._segment.probe.step_started("tool", label, self.next_seq)
-        return LiveStep(call, payload, limit, time.perf_counter(), write=True, probe=probe)
 
     def close_step(
         self, step: LiveStep, *, outcome: Any = None, error: BaseException | None = None

@@ -20,6 +20,7 @@ from steptrail.domain.decisions import (
     PendingCall,
 )
 from steptrail.domain.enums import (
+    Effect,
     FailureClass,
     Outcome,
     TerminationReason,
@@ -144,6 +145,9 @@ class LiveStep:
     write: bool = False
     probe: StepProbe = NO_STEP  # its observer (ADR 0033)
     rate: RateClaim | None = None  # its rate limit's claim and grant (ADR 0080)
+    # A rate-limited write tool's pending-effect marker, appended only once the grant is
+    # given (ADR 0083): a run never waits, in place or asleep, holding a marker.
+    marker: Effect | None = None
 
 
 class RunFailed(Exception):

@@ -36,6 +36,7 @@ from steptrail.domain.ports import RunStore
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.retry import DeadLetter, Fail, Requeue, RetryPolicy
 from steptrail.domain.run import Run
+from steptrail.workers import run_limits
 from steptrail.workers.async_context import AsyncRunContext
 from steptrail.workers.children import Spawner, stricter
 from steptrail.workers.context import (
@@ -153,6 +154,7 @@ class Executor:
         deactivate = segment.probe.activate()
         try:
             try:
+                run_limits.admit(ctx, spec)  # its run-level rate limit first (ADR 0083)
                 result = _not_awaitable(spec.fn(ctx, ctx.request), spec.name)  # type: ignore[arg-type]
             # Any agent error goes to the retry ladder; LeaseLost and Suspend end the segment.
             except (LeaseLost, Suspend, Exception) as error:  # noqa: BLE001
@@ -194,6 +196,7 @@ class Executor:
         settled: SegmentResult | None = None
         try:
             try:
+                await run_limits.admit_async(ctx, spec)  # as in `execute` (ADR 0083)
                 result = spec.fn(ctx, ctx.request)  # type: ignore[arg-type]
                 if inspect.isawaitable(result):
                     result = await result

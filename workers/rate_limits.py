@@ -1,11 +1,13 @@
 """A step's rate limit (ADR 0080): the grant before its live call, the wait, the correction.
 
-`ctx.llm(..., limit="openai", tokens=estimate)` and `ctx.step(..., limit=...)` delegate here.
+`ctx.llm(..., limit="openai", tokens=estimate)`, `ctx.step(..., limit=...)` and `ctx.tool(...,
+limit=...)` delegate here, and so does an agent's run-level limit (`workers/run_limits.py`).
 The rules that make it safe:
 
 * **Replay never acquires.** The grant is asked for only once the journal has said the step
   must run (`open_step` returned a `LiveStep`), after its boundary: a replayed step spent
-  its grant in the segment that ran it.
+  its grant in the segment that ran it. A write tool's pending-effect marker comes after
+  the grant (ADR 0083): no run waits, in place or asleep, holding a marker.
 * **The store decides.** Each attempt is one transaction of the store (`acquire_rate`),
   which judges the sliding window by its own clock under the limit's lock: workers on
   every machine share one window, and none trusts its own clock or memory.
@@ -20,9 +22,9 @@ The rules that make it safe:
 * **Real usage corrects the estimate.** A step returning `Recorded(value, tokens=n)` with
   `n > 0` replaces its grant's estimated tokens by `n`, for every later decision.
 * **A provider's 429 blocks the limit.** A step failing with an error classified
-  `rate_limit` that says how long to wait (`retry_after`, or a numeric `Retry-After` header
-  of its `response`) blocks the limit for every worker until then (at most an hour); the
-  error then goes the way of any error (the run's retry policy).
+  `rate_limit` that says how long to wait (`retry_after`, or the `Retry-After` header of its
+  `response`, in seconds or as an HTTP date) blocks the limit for every worker until then
+  (at most an hour); the error then goes the way of any error (the run's retry policy).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from uuid import UUID
 
@@ -146,11 +149,16 @@ def acquire(
 ) -> LiveStep:
     """`step` once granted (its duration counted from then), waiting in place (on the
     agent's thread) or suspending."""
-    assert step.rate is not None
+    rate = step.rate
+    assert rate is not None
     try:
-        while (wait := attempt(ctx, step.rate)) > 0:
+        while (wait := attempt(ctx, rate)) > 0:
             sleep(wait)
-        if step.rate.waited_s:
+        if step.marker is not None:
+            # A write tool's marker, now that it is granted (ADR 0083): fenced, so it also
+            # proves the run is still ours after any wait.
+            step = ctx.mark_pending(step)
+        elif rate.waited_s:
             ctx.heartbeat()  # still ours after the wait? (a cancel may have come meanwhile)
     except BaseException:
         step.probe.close()
@@ -160,11 +168,14 @@ def acquire(
 
 async def acquire_async(ctx: RunContext, threads: StoreThreads, step: LiveStep) -> LiveStep:
     """`acquire` for an async agent: each try on a store thread, each wait awaited."""
-    assert step.rate is not None
+    rate = step.rate
+    assert rate is not None
     try:
-        while (wait := await threads.call(attempt, ctx, step.rate)) > 0:
+        while (wait := await threads.call(attempt, ctx, rate)) > 0:
             await asyncio.sleep(wait)
-        if step.rate.waited_s:
+        if step.marker is not None:
+            step = await threads.call(ctx.mark_pending, step)
+        elif rate.waited_s:
             await threads.call(ctx.heartbeat)
     except BaseException:
         step.probe.close()
@@ -190,7 +201,9 @@ def settle(
     store, name = _store(ctx), rate.limit.name
     try:
         if error is not None:
-            after = retry_after_of(error)
+            # An HTTP date is read by this worker's clock (the block itself is counted
+            # on the store's): their skew errs into the block's length (ADR 0083).
+            after = retry_after_of(error, now=datetime.now(UTC))
             if after is not None and ctx._classify(error) is FailureClass.RATE_LIMIT:
                 store.block_rate_limit(name, after)
                 ctx.log.warning("rate_limit_blocked", limit=name, retry_after_s=after)

@@ -18,7 +18,13 @@ from steptrail.domain.classifier import Classifier
 from steptrail.domain.concurrency import check_key, check_limit, check_pattern, limit_for
 from steptrail.domain.enums import Effect, FailureClass, PrivacyLevel
 from steptrail.domain.queues import DEFAULT_PRIORITY, DEFAULT_QUEUE, check_priority, check_queue
-from steptrail.domain.rate_limits import DEFAULT_MARGIN_S, InvalidRateLimit, RateLimit
+from steptrail.domain.rate_limits import (
+    DEFAULT_MARGIN_S,
+    InvalidRateLimit,
+    RateLimit,
+    UnknownRateLimit,
+    check_name,
+)
 from steptrail.domain.run import RunEvent
 from steptrail.domain.schedules import DEFAULT_GRACE_S, Missed, Schedule
 from steptrail.domain.waits import check_signal_name
@@ -66,6 +72,10 @@ class AgentSpec:
     # no `App.limit` pattern matches (ADR 0078).
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    # The rate limit each of its runs takes one grant of (with this many estimated tokens)
+    # when its first segment starts, before the agent runs (ADR 0083).
+    rate_limit: str | None = None
+    rate_limit_tokens: int | None = None
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +134,8 @@ class App:
         priority: int = DEFAULT_PRIORITY,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_tokens: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the agent `name` (default: its own name).
 
@@ -133,7 +145,10 @@ class App:
         `queue` and `priority` are those of its runs when the enqueuer names none (ADR
         0077); the queue becomes one of the App's queues. `concurrency_key` is its runs'
         key when the enqueuer names none, `concurrency_limit` the limit of a key no
-        `App.limit` pattern matches (ADR 0078).
+        `App.limit` pattern matches (ADR 0078). `rate_limit` names an `App.rate_limit`
+        each run takes one grant of, with `rate_limit_tokens` estimated tokens, when it
+        first starts and before the agent runs; without a grant the run sleeps on the timer
+        `rate_limit:NAME` until the window allows (ADR 0083).
         """
 
         def register(fn: F) -> F:
@@ -148,6 +163,8 @@ class App:
                 priority=priority,
                 concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit,
+                rate_limit=rate_limit,
+                rate_limit_tokens=rate_limit_tokens,
             )
             return fn
 
@@ -166,6 +183,8 @@ class App:
         priority: int = DEFAULT_PRIORITY,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_tokens: int | None = None,
     ) -> None:
         if not name or not name.strip():
             raise ValueError("an agent needs a name")
@@ -175,6 +194,7 @@ class App:
             check_key(concurrency_key)
         if concurrency_limit is not None:
             check_limit(concurrency_limit)
+        _check_run_limit(rate_limit, rate_limit_tokens, self._rate_limits)
         if name in self._agents and self._agents[name].fn is not fn:
             raise ValueError(f"agent {name!r} is registered twice")
         _check_seconds(step_timeout, "step_timeout")
@@ -191,6 +211,8 @@ class App:
             priority=priority,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
+            rate_limit_tokens=rate_limit_tokens,
         )
         self._queues.add(queue)
 
@@ -228,6 +250,27 @@ class App:
                 f"App.limit(pattern, n) or concurrency_limit= on agent {agent!r}"
             )
         return chosen, found
+
+    def check_run_limit(self, agent: str) -> None:
+        """Refuse a run of `agent` whose run-level rate limit the App does not define (or
+        whose estimate no grant of it could hold), before anything is written (ADR 0083).
+
+        Raises:
+            UnknownAgent: no such agent.
+            UnknownRateLimit: the agent names a rate limit the App does not define.
+            InvalidRateLimit: its `rate_limit_tokens` exceed the limit's tokens.
+        """
+        spec = self.get(agent)
+        if spec.rate_limit is None:
+            return
+        limit = self._rate_limits.get(spec.rate_limit)
+        if limit is None:
+            known = ", ".join(sorted(self._rate_limits)) or "none"
+            raise UnknownRateLimit(
+                f"agent {agent!r} takes rate limit {spec.rate_limit!r} when its runs start, "
+                f"but no such limit is defined (App.rate_limit; defined: {known})"
+            )
+        limit.check_use(spec.rate_limit_tokens)
 
     def queue(self, name: str) -> None:
         """Declare the queue `name` (ADR 0077): runs may be enqueued to it and workers may
@@ -390,12 +433,14 @@ class App:
         priority: int = DEFAULT_PRIORITY,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_tokens: int | None = None,
     ) -> None:
         """Register a LangGraph `StateGraph` (or a graph compiled without a checkpointer) as
         the agent `name`: its request is the graph's input, its result the final state, each
         node a journaled step, `interrupt()` a decision (ADR 0071; needs the `langgraph`
-        extra, imported only here). `queue`, `priority`, `concurrency_key` and
-        `concurrency_limit` as for `agent`."""
+        extra, imported only here). `queue`, `priority`, `concurrency_key`,
+        `concurrency_limit`, `rate_limit` and `rate_limit_tokens` as for `agent`."""
         from steptrail.integrations.langgraph import graph_agent
 
         self.add_agent(
@@ -408,6 +453,8 @@ class App:
             priority=priority,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
+            rate_limit_tokens=rate_limit_tokens,
         )
 
     def classify(self, exc_type: type[BaseException], failure_class: FailureClass | str) -> None:
@@ -481,6 +528,8 @@ class App:
                 priority=spec.priority,
                 concurrency_key=spec.concurrency_key,
                 concurrency_limit=spec.concurrency_limit,
+                rate_limit=spec.rate_limit,
+                rate_limit_tokens=spec.rate_limit_tokens,
             )
         self._queues.update(other._queues)
         for pattern, n in other._limits.items():
@@ -521,6 +570,26 @@ class App:
     @property
     def agent_names(self) -> list[str]:
         return sorted(self._agents)
+
+
+def _check_run_limit(
+    name: str | None, tokens: int | None, defined: Mapping[str, RateLimit]
+) -> None:
+    """An agent's run-level limit as written: a well-formed name, tokens only with it, and
+    a limit already defined must be able to hold them (one defined later is checked at
+    enqueue, `App.check_run_limit`)."""
+    if name is None:
+        if tokens is not None:
+            raise InvalidRateLimit("rate_limit_tokens= estimates a run's use: give rate_limit=")
+        return
+    check_name(name)
+    limit = defined.get(name)
+    if limit is not None:
+        limit.check_use(tokens)
+    elif tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
+        raise InvalidRateLimit(f"rate_limit_tokens= is a whole number, not {tokens!r}")
+    elif tokens is not None and tokens < 0:
+        raise InvalidRateLimit(f"rate_limit_tokens= is at least 0, not {tokens!r}")
 
 
 def _check_seconds(value: float | None, what: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from steptrail.domain import rate_limits as rate_limit_rules
 from steptrail.domain.enums import Outcome, TerminationReason
 from steptrail.domain.errors import CorruptResumableState, StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
@@ -179,11 +180,17 @@ class Worker:
                     with self._slot_freed:
                         idle = self._in_flight == 0
                     # Burst: done when nothing is left, not while runs wait for a place under
-                    # their key's limit (ADR 0078): the runs holding the places settle soon.
+                    # their key's limit (ADR 0078): the runs holding the places settle soon;
+                    # nor while runs sleep on their rate limit and wake within the horizon
+                    # (ADR 0083): a run told to wait longer is left to the next worker.
                     if (
                         self.burst
                         and idle
-                        and not self.store.held_back(agents=agents, queues=self.queues)
+                        and not self.store.held_back(
+                            agents=agents,
+                            queues=self.queues,
+                            rate_horizon_s=rate_limit_rules.BURST_HORIZON_S,
+                        )
                     ):
                         break
                     self.store.wait_for_work(self.poll_interval)

@@ -305,8 +305,9 @@ def work(
         bool,
         typer.Option(
             "--burst",
-            help="Exit once no run is ready and none is in flight "
-            "(runs waiting on a retry delay are left for later).",
+            help="Exit once no run is ready and none is in flight (runs waiting on a retry "
+            "delay or a timer are left for later). Runs held back by their concurrency key's "
+            "limit, or asleep on their rate limit and due within 60 s, are waited for.",
         ),
     ] = False,
     views: Annotated[

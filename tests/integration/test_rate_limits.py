@@ -6,12 +6,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 from uuid import uuid4
 
 import pytest
 
 from steptrail import App, RunContext
+from steptrail.domain import rate_limits as rate_limit_rules
 from steptrail.domain.enums import RunStatus
 from steptrail.domain.rate_limits import RateLimit, RateLimited, UnknownRateLimit
 from steptrail.domain.run import Run
@@ -244,8 +247,9 @@ def test_step__a_long_wait_suspends_on_a_timer_and_wakes_to_try_again(
 ) -> None:
     """With no patience, the second run suspends on the timer `rate_limit:brief` holding no
     lease; it wakes when the window allows, takes its grant and completes: no failure, no
-    retry, the step ran once."""
+    retry, the step ran once. (No burst horizon: the burst ends with the run asleep.)"""
     monkeypatch.setattr(rate_limits, "PATIENCE_S", 0.0)
+    monkeypatch.setattr(rate_limit_rules, "BURST_HORIZON_S", 0.0)
     first = rt.enqueue("asker", {"limit": "brief"})
     second = rt.enqueue("asker", {"limit": "brief"})
     rt.work(burst=True)
@@ -273,6 +277,18 @@ def test_step__a_429_blocks_the_limit_for_every_worker(rt: Runtime) -> None:
     (row,) = [r for r in rt.store.rate_limit_rows() if r.limit.name == "hour"]
     assert row.blocked_until is not None
     assert 29 < rt.store.acquire_rate("hour", 0, uuid4()).wait_s <= 30.1
+
+
+def test_step__a_429_with_an_http_date_blocks_until_that_date(rt: Runtime) -> None:
+    """RateLimited given a Retry-After HTTP date 30 s ahead blocks the limit until about
+    then (the date is whole seconds: between 28 and 30 s from the next acquire)."""
+    when = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    run_id = rt.enqueue("throttled", {"key": "dated", "retry_after": when})
+    rt.work(burst=True)
+    assert rt.get(run_id).status is not RunStatus.COMPLETED
+    (row,) = [r for r in rt.store.rate_limit_rows() if r.limit.name == "hour"]
+    assert row.blocked_until is not None
+    assert 28 < rt.store.acquire_rate("hour", 0, uuid4()).wait_s <= 30.1
 
 
 def test_step__bad_use_is_refused_with_nothing_granted(rt: Runtime) -> None:
@@ -314,6 +330,7 @@ def test_async_step__a_long_wait_suspends_and_wakes(
     """An async run whose grant must wait past its patience suspends on the limit's timer
     (raised from its store thread into the agent's task) and completes once woken."""
     monkeypatch.setattr(rate_limits, "PATIENCE_S", 0.0)
+    monkeypatch.setattr(rate_limit_rules, "BURST_HORIZON_S", 0.0)
     first, second = rt.enqueue("async_asker"), rt.enqueue("async_asker")
     rt.work(burst=True)
     waiting = [r for r in (first, second) if rt.get(r).status is RunStatus.WAITING_FOR_TIMER]

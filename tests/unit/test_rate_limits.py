@@ -3,6 +3,7 @@ provider's Retry-After."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -153,23 +154,42 @@ def test_decide__granting_as_told_never_overfills_any_window(
         assert sum(1 for g in given_at if t <= g < t + window) <= requests
 
 
+NOW = datetime(2026, 10, 21, 7, 28, 0, tzinfo=UTC)
+
+
 def test_retry_after_of__the_error_or_its_response_header() -> None:
-    """`retry_after` on the error, else a numeric Retry-After header; dates and junk are
-    none; a huge value is capped."""
-    assert retry_after_of(RateLimited(retry_after=2.5)) == 2.5
+    """`retry_after` on the error, else the Retry-After header, in seconds; junk is none; a
+    huge value is capped."""
+    assert retry_after_of(RateLimited(retry_after=2.5), now=NOW) == 2.5
     response = SimpleNamespace(headers={"Retry-After": "7"})
-    assert retry_after_of(SimpleNamespace(response=response)) == 7.0  # type: ignore[arg-type]
-    dated = SimpleNamespace(headers={"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})
-    assert retry_after_of(SimpleNamespace(response=dated)) is None  # type: ignore[arg-type]
-    assert retry_after_of(ValueError("no")) is None
-    assert retry_after_of(RateLimited(retry_after=10**9)) == MAX_BLOCK_S
+    assert retry_after_of(SimpleNamespace(response=response), now=NOW) == 7.0  # type: ignore[arg-type]
+    junk = SimpleNamespace(headers={"retry-after": "soon, please"})
+    assert retry_after_of(SimpleNamespace(response=junk), now=NOW) is None  # type: ignore[arg-type]
+    assert retry_after_of(ValueError("no"), now=NOW) is None
+    assert retry_after_of(RateLimited(retry_after=10**9), now=NOW) == MAX_BLOCK_S
+    assert retry_after_of(RateLimited(retry_after="nan"), now=NOW) is None
     assert classify(RateLimited(retry_after=1)) is FailureClass.RATE_LIMIT
+
+
+def test_retry_after_of__an_http_date_is_seconds_from_now() -> None:
+    """An HTTP date (on the error or in the header) is the seconds from `now` to it: a date
+    past is 0, one beyond the cap is capped, a "-0000" date is UTC, a datetime works too."""
+    dated = SimpleNamespace(headers={"retry-after": "Wed, 21 Oct 2026 07:28:30 GMT"})
+    assert retry_after_of(SimpleNamespace(response=dated), now=NOW) == 30.0  # type: ignore[arg-type]
+    assert retry_after_of(RateLimited("Wed, 21 Oct 2026 07:29:00 GMT"), now=NOW) == 60.0
+    assert retry_after_of(RateLimited("Wed, 21 Oct 2026 07:29:00 -0000"), now=NOW) == 60.0
+    assert retry_after_of(RateLimited("Wed, 21 Oct 2026 09:28:00 +0200"), now=NOW) == 0.0
+    assert retry_after_of(RateLimited("Wed, 21 Oct 2015 07:28:00 GMT"), now=NOW) == 0.0
+    assert retry_after_of(RateLimited("Thu, 22 Oct 2026 07:28:00 GMT"), now=NOW) == MAX_BLOCK_S
+    later = NOW + timedelta(seconds=12)
+    assert retry_after_of(RateLimited(later), now=NOW) == 12.0
 
 
 @given(
     requests=st.one_of(st.none(), st.integers(1, 5)),
     tokens=st.one_of(st.none(), st.integers(1, 100)),
-    grants=st.lists(st.tuples(st.integers(0, 9 * S), st.integers(0, 40)), max_size=8),
+    # Inside the window ending now (10 s, no margin): after 0, as the store's prune leaves.
+    grants=st.lists(st.tuples(st.integers(1, 9 * S), st.integers(0, 40)), max_size=8),
     want=st.integers(0, 100),
     blocked=st.one_of(st.none(), st.integers(0, 20 * S)),
 )

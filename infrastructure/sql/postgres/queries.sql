@@ -259,6 +259,18 @@ WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_a
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 LIMIT 1;
 
+-- name: rate_held_back
+-- Whether a run of these agents and queues sleeps on its rate limit's timer (ADR 0080) and
+-- wakes within %(horizon_us)s microseconds: burst mode does not end while one does (ADR 0083).
+SELECT 1 AS held FROM steptrail_runs
+WHERE agent = ANY(%(agents)s::text[])
+  AND available_at IS NOT NULL
+  AND available_at <= now() + %(horizon_us)s::bigint * interval '1 microsecond'
+  AND status = 'waiting_for_timer'
+  AND left(doc -> 'waiting' ->> 'name', 11) = 'rate_limit:'
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+LIMIT 1;
+
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;
 

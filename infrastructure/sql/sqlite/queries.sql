@@ -214,6 +214,19 @@ WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_a
   AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
 LIMIT 1;
 
+-- name: rate_held_back
+-- Whether a run of these agents and queues sleeps on its rate limit's timer (ADR 0080) and
+-- wakes by :until: burst mode does not end while one does (ADR 0083). The waiting name is
+-- compared by prefix with substr, not LIKE (which ignores case in SQLite). The planner
+-- takes the status index (status, agent, ...): only the agents' timer sleepers are read.
+SELECT 1 FROM steptrail_runs
+WHERE agent IN (SELECT value FROM json_each(:agents))
+  AND available_at IS NOT NULL AND available_at <= :until
+  AND status = 'waiting_for_timer'
+  AND substr(json_extract(doc, '$.waiting.name'), 1, 11) = 'rate_limit:'
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+LIMIT 1;
+
 -- name: claim_rows
 -- SQLite only: the Claimed fold as column updates (PostgreSQL's claim does this in its one
 -- statement; the rebuild tests hold both to Run.Claimed.apply).
