@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
+from rich.markup import render as render_markup
 from rich.table import Table
 
 from steptrail.domain.ids import short_id
@@ -178,30 +180,43 @@ def compact_runs_table(rows: Sequence[RunRow], title: str) -> Table:
 
 
 FULL_IDS_FROM = 120  # columns: narrower terminals get the short ids (ADR 0074)
+# The columns a terminal too narrow for the whole table loses first, in this order: what
+# says least about what to do next goes first; the id, agent, status and what a run waits
+# for are never dropped (ADR 0074).
+DROPPED_FIRST = ("requeues", "steps", "since", "reason", "key", "queue")
+# The columns that narrow (their cells cut with an ellipsis) before one of DROPPED_FIRST
+# is dropped, down to these widths; what the others leave goes to them in this order.
+NARROWED = {"agent": 16, "waits for": 15}
 
 
 def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None = None) -> Table:
-    """The runs, one per line. The id is what people copy, so it is never wrapped or cut:
+    """The runs, one line each. The id is what people copy, so it is never wrapped or cut:
     in a terminal narrower than FULL_IDS_FROM columns the table shows the last 8 digits,
-    which every command accepts as well (the other columns fold instead). A `queue` column
-    (name, and priority when not 0; ADR 0077) is shown when a run of the page is not on
-    the default queue at priority 0, so a narrow terminal keeps its width otherwise; a `key`
-    column (the concurrency key; ADR 0078) likewise when a run of the page has one."""
+    which every command accepts as well. A `queue` column (name, and priority when not 0;
+    ADR 0077) is shown when a run of the page is not on the default queue at priority 0,
+    and a `key` column (the concurrency key; ADR 0078) when a run of the page has one. In
+    a terminal of `width` columns too narrow for every column, `agent` and `waits for`
+    narrow (NARROWED) and the columns of DROPPED_FIRST go, in that order, until the rest
+    fit; a cell still too long for its column is cut with an ellipsis rather than folded
+    (`show` has it whole)."""
     short = width is not None and width < FULL_IDS_FROM
+    columns, held = _fitted(_runs_columns(rows, short), width)
+    table = Table(title=title)
+    for name, cells in columns:
+        if name == "run":  # kept whole: as wide as its longest id
+            table.add_column(name, no_wrap=True, min_width=max(map(len, cells), default=8))
+        else:
+            table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=held.get(name))
+    for i in range(len(rows)):
+        table.add_row(*(cells[i] for _, cells in columns))
+    return table
+
+
+def _runs_columns(rows: Sequence[RunRow], short: bool) -> list[tuple[str, list[str]]]:
+    """Every column of `runs_table` as (name, inert cells)."""
     placed = any((r.state.queue, r.state.priority) != ("default", 0) for r in rows)
     keyed = any(r.state.concurrency_key is not None for r in rows)
-    table = Table(title=title)
-    table.add_column("run", no_wrap=True, min_width=8 if short else 36)
-    columns = (
-        "agent",
-        "status",
-        *(("queue",) if placed else ()),
-        *(("key",) if keyed else ()),
-        "reason",
-        "steps",
-    )
-    for column in (*columns, "requeues", "since", "waits for"):
-        table.add_column(column, overflow="fold")
+    columns: dict[str, list[str]] = {}
     for row in rows:
         s = row.state
         waits = "-"
@@ -210,20 +225,61 @@ def runs_table(rows: Sequence[RunRow], title: str = "Runs", *, width: int | None
         elif s.waiting is not None:
             what = ", ".join(s.waiting.pending_tools) or "input"
             waits = f"{s.waiting.kind.value}: {what} ({s.waiting.digest[:19]}…)"
-        add_row(
-            table,
-            short_id(s.run_id) if short else str(s.run_id),
-            s.agent,
-            s.status.value,
-            *((f"{s.queue} ({s.priority})" if s.priority else s.queue,) if placed else ()),
-            *((s.concurrency_key or "-",) if keyed else ()),
-            s.reason.value if s.reason else "-",
-            str(s.steps),
-            str(s.requeue_count),
-            row.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
-            waits,
+        cells: dict[str, object] = {
+            "run": short_id(s.run_id) if short else s.run_id,
+            "agent": s.agent,
+            "status": s.status.value,
+        }
+        if placed:
+            cells["queue"] = f"{s.queue} ({s.priority})" if s.priority else s.queue
+        if keyed:
+            cells["key"] = s.concurrency_key or "-"
+        cells.update(
+            {
+                "reason": s.reason.value if s.reason else "-",
+                "steps": s.steps,
+                "requeues": s.requeue_count,
+                "since": row.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+                "waits for": waits,
+            }
         )
-    return table
+        for name, value in cells.items():
+            columns.setdefault(name, []).append(inert(value))
+    if not rows:  # the headers of an empty page
+        names = ["run", "agent", "status", "reason", "steps", "requeues", "since", "waits for"]
+        return [(name, []) for name in names]
+    return list(columns.items())
+
+
+def _fitted(
+    columns: list[tuple[str, list[str]]], width: int | None
+) -> tuple[list[tuple[str, list[str]]], dict[str, int]]:
+    """`columns` less those of DROPPED_FIRST, in order, until the table fits in `width`
+    terminal columns, and the widths the NARROWED columns are held to. A column takes its
+    header's or widest cell's width plus a border and a space either side; a column of
+    NARROWED gives way down to its floor before a column is dropped for it, and gets back
+    what the others leave, in NARROWED's order."""
+    if width is None:
+        return columns, {}
+
+    def widest(name: str, cells: list[str]) -> int:
+        return max([cell_len(name)] + [render_markup(c).cell_len for c in cells])
+
+    def needed(kept: list[tuple[str, list[str]]]) -> int:
+        return sum(min(widest(n, c), NARROWED.get(n, width)) + 3 for n, c in kept) + 1
+
+    for name in DROPPED_FIRST:
+        if needed(columns) <= width:
+            break
+        columns = [c for c in columns if c[0] != name]
+    room = width - needed(columns)  # what is left once every narrowed column has its floor
+    held: dict[str, int] = {}
+    for name, cells in columns:
+        floor = NARROWED.get(name)
+        if floor is not None and widest(name, cells) > floor:
+            held[name] = floor + min(max(room, 0), widest(name, cells) - floor)
+            room -= held[name] - floor
+    return columns, held
 
 
 def print_run(console: Console, row: RunRow, events: Sequence[RecordedEvent]) -> None:

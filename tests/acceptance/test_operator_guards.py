@@ -154,3 +154,58 @@ def test_hints__positional_request_and_unknown_agent(sqlite_url: str) -> None:
     assert unknown.returncode == 2
     assert "--app" in unknown.stderr
     assert "STEPTRAIL_APP" in unknown.stderr
+
+
+def table_lines(text: str) -> list[str]:
+    """The body rows of a Rich table as printed (between the header rule and the bottom)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("└"))
+    return lines[start + 1 : end]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_runs__one_line_per_run_at_80_and_120_columns(db_url: str, columns: int) -> None:
+    """`steptrail runs` in a terminal of 80 or 120 columns prints each run on one line no
+    wider than the terminal: the id whole (8 digits under 120 columns, all of it from
+    120), agent, status and reason whole, what a run waits for cut rather than folded, and
+    the columns that say least (requeues, steps, since) left out when they do not fit."""
+
+    def enqueue(request: dict[str, object]) -> str:
+        return steptrail(
+            "enqueue", "scripted", "-r", json.dumps(request), url=db_url
+        ).stdout.strip()
+
+    ids = [
+        enqueue(request)
+        for request in (
+            {"steps": 2, "approval": {"at": 2}},
+            {"steps": 2, "fail": {"class": "auth", "at": 1}},
+            {"steps": 1},
+        )
+    ]
+    assert steptrail("work", "--burst", url=db_url).returncode == 0
+    ids.append(enqueue({"steps": 1}))
+    listed = steptrail("runs", url=db_url, COLUMNS=str(columns))
+    assert listed.returncode == 0, listed.stderr
+    assert max(len(line) for line in listed.stdout.splitlines()) <= columns
+    rows = table_lines(listed.stdout)
+    shown = [str(UUID(i)) if columns >= 120 else short_id(UUID(i)) for i in ids]
+    assert sorted(line.split()[1] for line in rows) == sorted(shown)  # one line each
+    cells = {line.split()[1]: [c.strip() for c in line.strip("│").split("│")] for line in rows}
+    waiting, failing, done, queued = (cells[s] for s in shown)
+    assert waiting[1:4] == ["scripted", "waiting_for_approval", "-"]
+    assert waiting[-1].startswith("approval: send")
+    assert failing[1:4] == ["scripted", "failed", "not_retryable"]
+    assert done[1:4] == ["scripted", "completed", "completed"]
+    assert queued[1:4] == ["scripted", "queued", "-"]
+    header = listed.stdout.splitlines()[2]
+    assert [h.strip() for h in header.strip("┃").split("┃")] == [
+        "run",
+        "agent",
+        "status",
+        "reason",
+        "waits for",
+    ]
+    wide = steptrail("runs", url=db_url, COLUMNS="200").stdout  # room for every column
+    assert table_lines(wide)[0].count("│") == 9
