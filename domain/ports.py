@@ -178,3 +178,11 @@ class RunStore(Protocol):
     def wait_for_work(self, timeout: float) -> None:
         """Block until new work may be claimable, or `timeout` seconds pass."""
         ...
+
+    def next_due_in(
+        self, *, agents: Sequence[str], queues: Sequence[str] | None = None
+    ) -> float | None:
+        """Seconds from the store's clock to the earliest due time among the claimable runs
+        without a concurrency key of `agents` and `queues` (negative: passed; None: no
+        such run). An idle worker waits no longer than this (ADR 0082)."""
+        ...

@@ -42,6 +42,7 @@ from steptrail.domain.waits import SignalGuard
 from steptrail.infrastructure.codec import decode_event, encode_event
 from steptrail.infrastructure.pg_children import PostgresChildren
 from steptrail.infrastructure.pg_signals import PostgresSignals
+from steptrail.infrastructure.pg_wake import PostgresWake
 from steptrail.infrastructure.rate_limits_store import PostgresRateLimits
 from steptrail.infrastructure.reporting_store import PROJECTION
 from steptrail.infrastructure.run_ids import PostgresRunIds
@@ -255,6 +256,7 @@ class PostgresRunStore(
     PostgresRateLimits,
     PostgresSignals,
     PostgresChildren,
+    PostgresWake,
     ClaimsOne,
 ):
     """`RunStore` on PostgreSQL. See the module docstring for the write protocol."""
@@ -420,6 +422,7 @@ class PostgresRunStore(
             row = conn.execute(self.q["insert_run"], params, prepare=True).fetchone()
         if row is not None and row["created"]:
             run.mark_committed()
+            self.wake_here(run)
             return run
         if row is None:
             # The key was taken by a transaction that committed after the insert began, so
@@ -448,6 +451,7 @@ class PostgresRunStore(
         for run, _ in runs:
             if run.id in created:
                 run.mark_committed()
+                self.wake_here(run)
         missing = [
             run.state.idempotency_key
             for run, _ in runs
@@ -543,6 +547,7 @@ class PostgresRunStore(
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
+        self.wake_here(run)
         return self._claimed(rows) if rows else []
 
     def append_statement(

@@ -42,6 +42,7 @@ from steptrail.infrastructure.sqlfiles import migrations, queries, statements
 from steptrail.infrastructure.sqlite_keys import held_back
 from steptrail.infrastructure.sqlite_queues import pick as pick_claimable
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
+from steptrail.infrastructure.sqlite_wake import SQLiteWake
 from steptrail.infrastructure.store_base import (
     FIRST_ID,
     RANGE_RUNS,
@@ -535,7 +536,13 @@ class _PreparedAppend:
 
 
 class SQLiteRunStore(
-    SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSignals, SQLiteChildren, ClaimsOne
+    SQLiteRunIds,
+    SQLiteSchedules,
+    SQLiteRateLimits,
+    SQLiteSignals,
+    SQLiteChildren,
+    SQLiteWake,
+    ClaimsOne,
 ):
     """`RunStore` on SQLite. See the module docstring for the write protocol."""
 

@@ -6,7 +6,8 @@ loop as a task. `concurrency` bounds both together. Threads suit agents that blo
 sleeping runs fit in a process); tasks suit agents that await (thousands do), and their
 store calls go to a small pool of store threads so the loop never blocks (ADR 0023). An idle
 dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on PostgreSQL, in-process on
-SQLite) or `poll_interval` passes.
+SQLite), the earliest due time among the runs it may claim comes (a timer, a wait's
+deadline, a retry's backoff: nothing notifies those, ADR 0082) or `poll_interval` passes.
 
 A worker of one slot asks each settle to claim its next run in the same transaction (ADR
 0058) and runs it at once: in a steady stream of work a run costs one write for its claim and
@@ -29,6 +30,7 @@ import structlog
 
 from steptrail.domain.enums import Outcome, TerminationReason
 from steptrail.domain.errors import CorruptResumableState, StoreUnavailable, VersionConflict
+from steptrail.domain.idle import idle_wait
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
 from steptrail.workers.execute import (
@@ -186,7 +188,7 @@ class Worker:
                         and not self.store.held_back(agents=agents, queues=self.queues)
                     ):
                         break
-                    self.store.wait_for_work(self.poll_interval)
+                    self.store.wait_for_work(self._idle_wait(agents))
                     continue
                 with self._slot_freed:
                     self._in_flight += len(claimed)
@@ -203,6 +205,18 @@ class Worker:
         keeper.close()
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
+
+    def _idle_wait(self, agents: Sequence[str]) -> float:
+        """How long the idle dispatcher waits (ADR 0082): the poll interval, or until the
+        earliest due time (a timer, a wait's deadline, a backoff) among the runs it may
+        claim, which nothing notifies. A store error leaves the poll interval: the claim
+        that follows reports it."""
+        try:
+            due = self.store.next_due_in(agents=agents, queues=self.queues)
+        except Exception as error:  # noqa: BLE001 - the next claim logs and backs off
+            self.log.warning("next_due_failed", error=str(error)[:200])
+            due = None
+        return idle_wait(self.poll_interval, due)
 
     def _refuse(self, run: Run, error: CorruptResumableState) -> SegmentResult:
         """A resumed run whose saved calls no longer match its decision's digest must not
