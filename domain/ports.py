@@ -175,8 +175,9 @@ class RunStore(Protocol):
         for a place under its key's limit (ADR 0078)."""
         ...
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Block until new work may be claimable, or `timeout` seconds pass."""
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until new work may be claimable, or `timeout` seconds pass; whether it was
+        woken (False: the timeout passed)."""
         ...
 
     def next_due_in(

@@ -1016,14 +1016,15 @@ class PostgresRunStore(
 
     # -- waking idle workers -------------------------------------------------------------------
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float) -> bool:
         if self._listener is None:
             self._listener = threading.Thread(
                 target=self._listen, name="steptrail-listen", daemon=True
             )
             self._listener.start()
-        self._woken.wait(timeout)
+        woken = self._woken.wait(timeout)
         self._woken.clear()
+        return woken
 
     def wake(self) -> None:
         self._woken.set()

@@ -1373,9 +1373,10 @@ class SQLiteRunStore(
         if side_effects(run.state)[1]:
             self._woken.set()
 
-    def wait_for_work(self, timeout: float) -> None:
-        self._woken.wait(timeout)
+    def wait_for_work(self, timeout: float) -> bool:
+        woken = self._woken.wait(timeout)
         self._woken.clear()
+        return woken
 
     def wake(self) -> None:
         self._woken.set()
