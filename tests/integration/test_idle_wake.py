@@ -11,7 +11,8 @@ in the run's own log, whatever the machine's speed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,11 @@ def sleepers_app() -> App:
         ctx.sleep(request["seconds"])
         ctx.llm("after", lambda: "awake again")
         return {"slept": request["seconds"]}
+
+    @app.agent("quick")
+    def quick(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("only", lambda: "done")
+        return {}
 
     @app.agent("other")
     def other(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
@@ -189,3 +195,52 @@ def test_next_due_in__a_queued_run_is_due_now(rt: Runtime) -> None:
     due_in = store.next_due_in(agents=["sleeper"])
     assert due_in is not None
     assert due_in <= 0
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Return once `condition` holds (checked every 10 ms, for at most 30 s)."""
+    for _ in range(3000):
+        if condition():
+            return
+        time.sleep(0.01)
+
+
+class CountingReads:
+    """The store, counting `next_due_in` reads; its waits are the store's own."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def next_due_in(self, **kwargs: Any) -> float | None:
+        self.reads += 1
+        return self._store.next_due_in(**kwargs)  # type: ignore[no-any-return]
+
+
+def test_idle_worker__reads_the_due_time_again_only_when_it_may_have_moved(rt: Runtime) -> None:
+    """Runs that settle, each waking the worker by its enqueue, cost no due-time read (the
+    first idle wait's read stands); a run that goes to sleep makes the next wait read it."""
+    store = CountingReads(rt.store)
+    settled = threading.Semaphore(0)
+    worker = rt.worker(concurrency=2, on_result=lambda result: settled.release())
+    worker.store = store  # type: ignore[assignment]
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: store.reads == 1)  # idle, nothing due: the first wait's read
+        for _ in range(5):
+            run_id = rt.enqueue("quick", {})
+            assert settled.acquire(timeout=30)
+            assert rt.get(run_id).status is RunStatus.COMPLETED
+        reads_after_settled_runs = store.reads
+        rt.enqueue("other", {"seconds": 3600})  # suspends: its wake-up is a new due time
+        assert settled.acquire(timeout=30)
+        wait_until(lambda: store.reads > reads_after_settled_runs)  # on its way to its wait
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert reads_after_settled_runs == 1
+    assert store.reads == reads_after_settled_runs + 1
