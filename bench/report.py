@@ -237,7 +237,7 @@ def markdown(
             )
     lines += _headline(summary, cfg)
     if latency:
-        lines += _latency_table(latency)
+        lines += latency_table(latency)
     return "\n".join(lines)
 
 
@@ -276,7 +276,7 @@ def _headline(summary: dict[str, dict[str, float]], cfg: Config) -> list[str]:
     return out
 
 
-def _latency_table(latency: dict[str, Any]) -> list[str]:
+def latency_table(latency: dict[str, Any]) -> list[str]:
     out = [
         "",
         "| Latency | Backend | p50 | p99 | Samples | Target (p50) | Met |",

@@ -59,7 +59,7 @@ os.environ.setdefault("PGGSSENCMODE", "disable")
 
 import psycopg
 from psycopg import sql
-from report import environment, load_average, markdown, ratios, summarise
+from report import environment, latency_table, load_average, markdown, ratios, summarise
 
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.privacy import filter_payload
@@ -723,6 +723,11 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser.add_argument(
         "--latency-samples", type=int, help="samples per latency figure (200; quick 50)"
     )
+    parser.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only the latency figures (no drains, peers or wire cost)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
@@ -744,6 +749,8 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     counts = (cfg.runs, cfg.appends, cfg.rounds, cfg.processes, cfg.concurrency, cfg.peer_runs)
     if min(*counts, cfg.latency_samples) < 1:
         parser.error("every count must be at least 1")
+    if args.latency_only and args.no_latency:
+        parser.error("--latency-only and --no-latency exclude each other")
     if cfg.dbos_poll <= 0:
         parser.error("--dbos-poll must be positive")
     return cfg, args
@@ -770,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     latency: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="steptrail-bench-") as tmp:
-            for i in range(cfg.rounds):
+            for i in range(0 if args.latency_only else cfg.rounds):
                 t = time.monotonic()
                 rounds.append(one_round(cfg, Path(tmp), i))
                 print(
@@ -783,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.monotonic()
                 latency = latency_bench.measure(cfg, Path(tmp))
                 print(f"latency done in {time.monotonic() - t:.0f}s", file=sys.stderr)
-        if not args.no_wire:
+        if not (args.no_wire or args.latency_only):
             from wire import wire_costs  # here: wire.py imports this file
 
             wire = wire_costs(recreate_database(cfg.pg, DB_STEPTRAIL))
@@ -794,9 +801,13 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.keep:
             for name in (DB_STEPTRAIL, DB_RAW, DB_PROCRASTINATE, *PEER_DATABASES):
                 drop_database(cfg.pg, name)
-    summary = summarise(rounds)
+    summary = summarise(rounds) if rounds else {}
     load = f"{load_before}/{load_average()}"
-    print(markdown(summary, wire, cfg, load, latency))
+    if args.latency_only:
+        print(f"1-min load average before/after: {load}")
+        print("\n".join(latency_table(latency)))
+    else:
+        print(markdown(summary, wire, cfg, load, latency))
     print(f"\n(total {time.monotonic() - started:.0f}s)", file=sys.stderr)
     if args.json:
         report = {

@@ -182,6 +182,15 @@ class RunStore(Protocol):
         (`rate_limit:NAME`) and wakes within `rate_horizon_s` (ADR 0083)."""
         ...
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Block until new work may be claimable, or `timeout` seconds pass."""
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until new work may be claimable, or `timeout` seconds pass; whether it was
+        woken (False: the timeout passed)."""
+        ...
+
+    def next_due_in(
+        self, *, agents: Sequence[str], queues: Sequence[str] | None = None
+    ) -> float | None:
+        """Seconds from the store's clock to the earliest due time among the claimable runs
+        without a concurrency key of `agents` and `queues` (negative: passed; None: no
+        such run). An idle worker waits no longer than this (ADR 0082)."""
         ...

@@ -96,6 +96,7 @@ class PostgresBulk(PostgresWrites):
         for run, _ in runs:
             if run.id in created:
                 run.mark_committed()
+                self.wake_here(run)
         missing = [
             run.state.idempotency_key
             for run, _ in runs

@@ -19,6 +19,7 @@ from steptrail.domain.errors import StoreUnavailable, VersionConflict
 from steptrail.domain.ports import ClaimRequest
 from steptrail.infrastructure.pg_children import PostgresChildren
 from steptrail.infrastructure.pg_signals import PostgresSignals
+from steptrail.infrastructure.pg_wake import PostgresWake
 from steptrail.infrastructure.rate_limits_store import PostgresRateLimits
 from steptrail.infrastructure.run_ids import PostgresRunIds
 from steptrail.infrastructure.schedules_store import PostgresSchedules
@@ -201,6 +202,7 @@ class PostgresStoreBase(
     PostgresRateLimits,
     PostgresSignals,
     PostgresChildren,
+    PostgresWake,
     ClaimsOne,
 ):
     """What every part of `PostgresRunStore` shares: its attributes (set by its `__init__`),
@@ -245,14 +247,15 @@ class PostgresStoreBase(
 
     # -- waking idle workers -------------------------------------------------------------------
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float) -> bool:
         if self._listener is None:
             self._listener = threading.Thread(
                 target=self._listen, name="steptrail-listen", daemon=True
             )
             self._listener.start()
-        self._woken.wait(timeout)
+        woken = self._woken.wait(timeout)
         self._woken.clear()
+        return woken
 
     def wake(self) -> None:
         self._woken.set()

@@ -55,6 +55,7 @@ class PostgresWrites(PostgresReads):
             row = conn.execute(self.q["insert_run"], params, prepare=True).fetchone()
         if row is not None and row["created"]:
             run.mark_committed()
+            self.wake_here(run)
             return run
         if row is None:
             # The key was taken by a transaction that committed after the insert began, so
@@ -116,6 +117,7 @@ class PostgresWrites(PostgresReads):
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
+        self.wake_here(run)
         return self._claimed(rows) if rows else []
 
     def append_statement(

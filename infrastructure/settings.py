@@ -89,7 +89,8 @@ class Settings(BaseSettings):
         privacy_level: what the per-step log keeps: none, metadata, redacted, full. An
             invalid value means metadata, with a warning.
         poll_interval: seconds an idle worker waits between looks at the queue when nothing
-            wakes it (PostgreSQL wakes it with LISTEN/NOTIFY at once).
+            wakes it (PostgreSQL wakes it with LISTEN/NOTIFY at once) and no run it may
+            claim comes due sooner (a timer, a wait's deadline: it waits until then).
         auto_migrate: create or upgrade the schema on open, under a lock; when false, run
             `steptrail migrate`.
         log_format: `json` (what `auto` means when stderr is not a terminal), `console`, or

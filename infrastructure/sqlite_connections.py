@@ -33,6 +33,7 @@ from steptrail.infrastructure.rate_limits_store import SQLiteRateLimits
 from steptrail.infrastructure.run_ids import SQLiteRunIds
 from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
+from steptrail.infrastructure.sqlite_wake import SQLiteWake
 from steptrail.infrastructure.store_base import (
     ClaimsOne,
     LookedPast,
@@ -402,7 +403,13 @@ def _raise_store_error(error: sqlite3.Error | PersistenceError) -> NoReturn:
 
 
 class SQLiteStoreBase(
-    SQLiteRunIds, SQLiteSchedules, SQLiteRateLimits, SQLiteSignals, SQLiteChildren, ClaimsOne
+    SQLiteRunIds,
+    SQLiteSchedules,
+    SQLiteRateLimits,
+    SQLiteSignals,
+    SQLiteChildren,
+    SQLiteWake,
+    ClaimsOne,
 ):
     """What every part of `SQLiteRunStore` shares: its attributes (set by its `__init__`), the
     store's clock, a read cursor and the wake-up of idle workers. The parts (reads, claims,
@@ -453,9 +460,10 @@ class SQLiteStoreBase(
         if side_effects(run.state)[1]:
             self._woken.set()
 
-    def wait_for_work(self, timeout: float) -> None:
-        self._woken.wait(timeout)
+    def wait_for_work(self, timeout: float) -> bool:
+        woken = self._woken.wait(timeout)
         self._woken.clear()
+        return woken
 
     def wake(self) -> None:
         self._woken.set()

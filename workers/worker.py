@@ -6,7 +6,8 @@ loop as a task. `concurrency` bounds both together. Threads suit agents that blo
 sleeping runs fit in a process); tasks suit agents that await (thousands do), and their
 store calls go to a small pool of store threads so the loop never blocks (ADR 0023). An idle
 dispatcher sleeps until the store wakes it (LISTEN/NOTIFY on PostgreSQL, in-process on
-SQLite) or `poll_interval` passes.
+SQLite), the earliest due time among the runs it may claim comes (a timer, a wait's
+deadline, a retry's backoff: nothing notifies those, ADR 0082) or `poll_interval` passes.
 
 A worker of one slot asks each settle to claim its next run in the same transaction (ADR
 0058) and runs it at once: in a steady stream of work a run costs one write for its claim and
@@ -30,6 +31,7 @@ import structlog
 from steptrail.domain import rate_limits as rate_limit_rules
 from steptrail.domain.enums import Outcome, TerminationReason
 from steptrail.domain.errors import CorruptResumableState, StoreUnavailable, VersionConflict
+from steptrail.domain.idle import idle_wait
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
 from steptrail.workers.execute import (
@@ -108,6 +110,10 @@ class Worker:
         self._own_loop: threading.Thread | None = None
         self._threads = StoreThreads(store_threads or DEFAULT_STORE_THREADS)
         self._chain: ClaimRequest | None = None  # what a settle claims next (set by `run`)
+        # The earliest due time among the runs it may claim, on this host's monotonic clock
+        # (None: none), and whether that is still known (see `_idle_wait`, ADR 0082).
+        self._due_at: float | None = None
+        self._due_known = False
 
     def stop(self) -> None:
         """Stop claiming; runs in flight finish (a second signal may kill the process, and
@@ -193,7 +199,7 @@ class Worker:
                         )
                     ):
                         break
-                    self.store.wait_for_work(self.poll_interval)
+                    self._wait_idle(agents)
                     continue
                 with self._slot_freed:
                     self._in_flight += len(claimed)
@@ -210,6 +216,36 @@ class Worker:
         keeper.close()
         self.log.info("worker_stopped", **self.report.as_dict())
         return self.report
+
+    def _wait_idle(self, agents: Sequence[str]) -> None:
+        """Wait until the store wakes this worker or `_idle_wait` passes."""
+        if not self.store.wait_for_work(self._idle_wait(agents)):
+            self._due_known = False  # not woken: the due time came, or the poll
+
+    def _idle_wait(self, agents: Sequence[str]) -> float:
+        """How long the idle dispatcher waits (ADR 0082): the poll interval, or until the
+        earliest due time (a timer, a wait's deadline, a backoff) among the runs it may
+        claim, which nothing notifies. A store error leaves the poll interval: the claim
+        that follows reports it.
+
+        The due time is asked of the store again only when it may have moved: at the first
+        idle wait, after a wait that ran out (the due time came, or the poll), and after a
+        segment of this worker left its run unsettled (asleep, waiting with a deadline,
+        requeued with a backoff). Between runs that settle, a worker woken by each enqueue
+        goes straight back to its wait: no round trip between a settle and the next
+        enqueue's claim (ADR 0082: that read cost enqueue -> start milliseconds). A sleeper
+        another process makes is found at the next wait that runs out: within one poll,
+        as before."""
+        now = time.monotonic()
+        if not self._due_known or (self._due_at is not None and self._due_at <= now):
+            self._due_known = True  # before the read: a segment ending meanwhile clears it
+            try:
+                due = self.store.next_due_in(agents=agents, queues=self.queues)
+            except Exception as error:  # noqa: BLE001 - the next claim logs and backs off
+                self.log.warning("next_due_failed", error=str(error)[:200])
+                due = None
+            self._due_at = None if due is None else now + due
+        return idle_wait(self.poll_interval, None if self._due_at is None else self._due_at - now)
 
     def _refuse(self, run: Run, error: CorruptResumableState) -> SegmentResult:
         """A resumed run whose saved calls no longer match its decision's digest must not
@@ -323,6 +359,8 @@ class Worker:
 
     def _finished(self, log: structlog.typing.FilteringBoundLogger, result: SegmentResult) -> None:
         log.info("segment_finished", outcome=result.outcome.value, version=result.version)
+        if not result.status.is_terminal:  # asleep, waiting, requeued: a due time may be new
+            self._due_known = False
         with self._slot_freed:
             self.report.outcomes[result.outcome.value] += 1
         if self.on_result is not None:
@@ -330,6 +368,7 @@ class Worker:
 
     def _crashed(self, log: structlog.typing.FilteringBoundLogger) -> None:
         log.exception("segment_crashed")
+        self._due_known = False
         with self._slot_freed:
             self.report.outcomes[Outcome.LEASE_LOST.value] += 1
 

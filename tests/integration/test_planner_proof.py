@@ -361,6 +361,46 @@ def test_pg_reaper_scan_and_stale_count__walk_the_lease_index(pg_fresh: str, sta
         assert _buffers(inner) <= EXPIRED + 20
 
 
+# steptrail_next_due's one statement (migration 0037, ADR 0082).
+NEXT_DUE_MARKER = "WITH RECURSIVE found"
+
+
+@pytest.mark.parametrize("state", STATEMENTS)
+def test_pg_next_due__reads_one_entry_per_level_whatever_sleeps(pg_fresh: str, state: str) -> None:
+    """An idle worker's due-time read walks the claim index: one descent per queue and per
+    priority level and one entry per level, never the sleepers behind a level's first run
+    nor the backlog, and it is not compiled (jit = off); its answer is the earliest due
+    time over every level (ADR 0082)."""
+    with psycopg.connect(pg_fresh, autocommit=True, row_factory=dict_row) as conn:
+        _pg_fill(conn, state)
+        for priority, minutes in ((0, 30), (3, 20), (9, 40)):
+            conn.execute(
+                "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
+                " available_at, created_at, updated_at, queue, priority)"
+                " SELECT gen_random_uuid(), 'b', 'waiting_for_timer', 3, 0, '{}'::jsonb,"
+                " now() + %s * interval '1 minute' + g * interval '1 ms', now(), now(),"
+                " 'default', %s FROM generate_series(1, %s) AS g",
+                (minutes, priority, SLEEPERS),
+            )
+        got: dict[str, Any] = {}
+        next_due = queries("postgres")["next_due"]
+
+        def run() -> None:
+            got.update(conn.execute(next_due, {"agents": ["b"], "queues": None}).fetchone())
+
+        plans = _plans(conn, run)
+    assert 19 * 60 < got["due_in_s"] <= 20 * 60 + 1  # priority 3's first sleeper
+    assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
+    (inner,) = [p["Plan"] for p in plans if NEXT_DUE_MARKER in p["Query Text"]]
+    scans = _scans_of_runs(inner)
+    assert scans
+    assert all(n.get("Index Name") == CLAIM_INDEX for n in scans), scans
+    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), scans
+    for n in scans:  # at most one entry per loop: a descent, never a walk of the sleepers
+        assert _read(n) <= int(n.get("Actual Loops", 1)), n
+    assert _buffers(inner) <= 200
+
+
 KEYS = 2_000  # keys with runs to take, five each
 FULL_KEYS = 1_000  # keys whose two places are taken, with a backlog of five each
 

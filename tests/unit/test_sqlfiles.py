@@ -21,6 +21,8 @@ BACKEND_ONLY: dict[str, str] = {
     "update_run_document": "SQLite: part of an append (PostgreSQL: steptrail_append)",
     "append_one": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "append_two": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
+    "next_due": "PostgreSQL: steptrail_next_due walks every queue and level in one call (ADR 0082)",
+    "next_due_at": "SQLite: one level's earliest due time; sqlite_wake walks the levels",
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
     "lock_as_writer": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     "acquire_rate_grant": "PostgreSQL: one statement under the limit's lock does what "

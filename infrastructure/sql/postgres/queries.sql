@@ -1146,3 +1146,9 @@ WHERE name = %(name)s;
 -- name: select_children
 -- A run's child runs, oldest first (ADR 0075): the partial index on parent_id.
 SELECT * FROM steptrail_runs WHERE parent_id = %(run_id)s ORDER BY created_at, run_id;
+
+-- name: next_due
+-- An idle worker's wait (ADR 0082): seconds from now() (the store's clock) to the earliest
+-- available_at among the runs without a concurrency key that its agents and queues may
+-- claim; NULL when there is none. steptrail_next_due (migration 0037) walks the claim index.
+SELECT steptrail_next_due(%(agents)s::text[], %(queues)s::text[]) AS due_in_s;

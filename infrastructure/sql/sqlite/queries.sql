@@ -864,3 +864,13 @@ WHERE name = :name;
 -- name: select_children
 -- A run's child runs, oldest first (ADR 0075): the partial index on parent_id.
 SELECT * FROM steptrail_runs WHERE parent_id = :run_id ORDER BY created_at, run_id;
+
+-- name: next_due_at
+-- An idle worker's wait (ADR 0082): the earliest available_at of one (agent, queue) at one
+-- priority level among the runs without a key; the caller walks the queues and levels as
+-- the claim does (sqlite_queues) and takes the least. One descent of the claim index.
+SELECT available_at FROM steptrail_runs INDEXED BY steptrail_runs_claim_idx
+WHERE agent = :agent AND queue = :queue AND priority = :priority
+  AND available_at IS NOT NULL AND concurrency_limit IS NULL
+ORDER BY available_at
+LIMIT 1;

@@ -1,0 +1,54 @@
+"""PostgreSQL: when an idle worker next has something to claim (ADR 0082).
+
+A mixin of `PostgresRunStore`:
+
+* `next_due_in`: the seconds from the server's clock to the earliest due time
+  (`available_at`) among the runs a worker may claim, by `steptrail_next_due` (migration
+  0037), a loose walk of the claim index: sleepers cost it nothing.
+* `wake_here`: a write of this store that left a run queued wakes this process's idle worker
+  at once, as SQLite's does, instead of after the NOTIFY's trip through the server and the
+  listener thread (about a millisecond of enqueue -> start). The NOTIFY the same write sends
+  at commit still wakes every other process; this only comes first, after the commit, so a
+  worker woken here finds the run committed and claims it through the same fenced claim.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from psycopg.rows import DictRow
+
+from steptrail.domain.run import Run
+from steptrail.infrastructure.store_base import side_effects
+
+
+class _Store(Protocol):
+    _woken: threading.Event
+
+    def _one(self, name: str, params: dict[str, Any]) -> DictRow | None: ...
+
+
+class PostgresWake:
+    """`next_due_in` and `wake_here` on PostgreSQL."""
+
+    def next_due_in(
+        self: _Store, *, agents: Sequence[str], queues: Sequence[str] | None = None
+    ) -> float | None:
+        """Seconds until the earliest due time among the claimable runs without a key of
+        `agents` and `queues` (negative: passed), by the server's clock; None: none."""
+        row = self._one(
+            "next_due",
+            {
+                "agents": list(dict.fromkeys(agents)),
+                "queues": None if queues is None else list(dict.fromkeys(queues)),
+            },
+        )
+        due = None if row is None else row["due_in_s"]
+        return None if due is None else float(due)
+
+    def wake_here(self: _Store, run: Run) -> None:
+        """After a committed write of `run`: wake this process's idle worker if it is queued."""
+        if side_effects(run.state)[1]:
+            self._woken.set()

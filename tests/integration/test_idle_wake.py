@@ -1,0 +1,246 @@
+"""An idle worker waits until the earliest due time among the runs it may claim, not a fixed
+poll (ADR 0082), on both backends.
+
+The worker's waits are made deterministic: its store is wrapped so that `wait_for_work`
+records how long the worker asked to wait and moves the store's clock that far forward
+(SQLite's offset, or the testing kit's skippable PostgreSQL clock) instead of sleeping. So
+"the sleeper was claimed before the poll would have fired" is read off the store's clock
+in the run's own log, whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steptrail import App, RunContext
+from steptrail.domain.enums import RunStatus
+from steptrail.domain.idle import DUE_MARGIN_S, MIN_WAIT_S
+from steptrail.domain.run import Run
+from steptrail.domain.waits import WaitStarted
+from steptrail.runtime import Runtime
+from steptrail.testing import Kit
+from steptrail.testing.pgclock import fresh_database
+from steptrail.workers.execute import SegmentResult
+from tests.conftest import PG_ADMIN_URL, make_runtime
+
+POLL_S = 30.0  # far longer than any sleep below: a worker that polls is caught at once
+
+
+def sleepers_app() -> App:
+    app = App()
+    app.queue("urgent")
+
+    @app.agent("sleeper")
+    def sleeper(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("before", lambda: "awake")
+        ctx.sleep(request["seconds"])
+        ctx.llm("after", lambda: "awake again")
+        return {"slept": request["seconds"]}
+
+    @app.agent("quick")
+    def quick(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("only", lambda: "done")
+        return {}
+
+    @app.agent("other")
+    def other(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.sleep(request["seconds"])
+        return {}
+
+    return app
+
+
+@pytest.fixture
+def rt(backend: str, tmp_path: Path) -> Iterator[Runtime]:
+    """A runtime whose store's clock the kit can skip: SQLite always; PostgreSQL in a
+    database made with the kit's clock installed."""
+    settings = {"poll_interval": POLL_S, "lease_seconds": 30.0}
+    if backend == "sqlite":
+        runtime = make_runtime(f"sqlite:///{tmp_path / 'wake.db'}", sleepers_app(), **settings)
+        try:
+            yield runtime
+        finally:
+            runtime.close()
+        return
+    with fresh_database(PG_ADMIN_URL, prefix="steptrail_wake") as url:
+        runtime = make_runtime(url, sleepers_app(), **settings)
+        try:
+            yield runtime
+        finally:
+            runtime.close()
+
+
+class SkippingWaits:
+    """The store, except that a wait of a worker with no run in flight (every run asleep)
+    moves the store's clock forward by the wait asked for and returns at once; each such
+    wait is kept. With a run in flight the wait is the store's own, which the run's end
+    wakes (time must not jump under a segment that holds a lease)."""
+
+    def __init__(self, store: Any, kit: Kit) -> None:
+        self._store = store
+        self._kit = kit
+        self.waits: list[float] = []
+        self.finished = threading.Event()
+        self.worker: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def wait_for_work(self, timeout: float) -> bool:
+        with self.worker._slot_freed:
+            busy = self.worker._in_flight > 0
+        if busy or self.finished.is_set():
+            return bool(self._store.wait_for_work(min(timeout, 1.0)))
+        self.waits.append(timeout)
+        self._kit.skip(timeout)
+        return False  # the whole wait passed
+
+
+def drain(rt: Runtime, run_ids: list[Any]) -> SkippingWaits:
+    """Run a worker (poll POLL_S) over `rt` with skipping waits until every run of
+    `run_ids` has completed; its store wrapper, with the waits it asked for."""
+    kit = Kit(rt)
+    store = SkippingWaits(rt.store, kit)
+    done: set[Any] = set()
+    worker_box: list[Any] = []
+
+    def on_result(result: SegmentResult) -> None:
+        if rt.store.load(result.run_id).status is RunStatus.COMPLETED:  # type: ignore[union-attr]
+            done.add(result.run_id)
+        if done >= set(run_ids):
+            store.finished.set()
+            worker_box[0].stop()
+
+    worker = rt.worker(concurrency=2, on_result=on_result)
+    worker.store = store  # type: ignore[assignment]
+    store.worker = worker
+    worker_box.append(worker)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the worker never finished the sleepers"
+    return store
+
+
+def woke_at_and_claimed_again(rt: Runtime, run_id: Any) -> tuple[datetime, datetime]:
+    """When the run's sleep was due, and when a worker claimed it after the sleep, both by
+    the store's clock (the log's recorded_at)."""
+    history = rt.store.history(run_id)
+    started = next(h for h in history if isinstance(h.event, WaitStarted))
+    assert started.event.timeout_ms is not None
+    due = started.recorded_at + timedelta(milliseconds=started.event.timeout_ms)
+    claimed = next(
+        h for h in history if h.version > started.version and isinstance(h.event, Run.Claimed)
+    )
+    return due, claimed.recorded_at
+
+
+def test_idle_worker__claims_a_sleeper_when_due_not_at_the_poll(rt: Runtime) -> None:
+    """With a 30 s poll, a run sleeping 1 s is claimed again within a second of its due time
+    by the store's clock, and the worker never asked to wait as long as its poll."""
+    run_id = rt.enqueue("sleeper", {"seconds": 1})
+    store = drain(rt, [run_id])
+    assert rt.get(run_id).status is RunStatus.COMPLETED
+    due, claimed = woke_at_and_claimed_again(rt, run_id)
+    assert due <= claimed < due + timedelta(seconds=1)
+    assert store.waits
+    assert max(store.waits) < POLL_S
+    assert sum(store.waits) < 1 + 2 * DUE_MARGIN_S + len(store.waits) * MIN_WAIT_S
+
+
+def test_idle_worker__sleepers_wake_in_due_order_each_at_its_time(rt: Runtime) -> None:
+    """Three sleepers of 3 s, 1 s and 2 s: claimed again in the order of their due times,
+    each within a second of it, with a 30 s poll."""
+    ids = {s: rt.enqueue("sleeper", {"seconds": s}) for s in (3, 1, 2)}
+    drain(rt, list(ids.values()))
+    claims = {s: woke_at_and_claimed_again(rt, run_id) for s, run_id in ids.items()}
+    for due, claimed in claims.values():
+        assert due <= claimed < due + timedelta(seconds=1)
+    assert sorted(claims, key=lambda s: claims[s][1]) == [1, 2, 3]
+
+
+def test_next_due_in__earliest_due_time_over_queues_and_levels(rt: Runtime) -> None:
+    """`next_due_in` is the time to the earliest due run of the agents and queues asked
+    for, whichever queue and priority level holds it; None when none has one."""
+    store: Any = rt.store
+    before = rt.store.store_now()
+    rt.enqueue("sleeper", {"seconds": 300}, queue="urgent", priority=5)
+    rt.enqueue("sleeper", {"seconds": 100})  # default queue, priority 0: the earliest
+    rt.enqueue("other", {"seconds": 50})
+    rt.worker(concurrency=4, burst=True).run()  # each runs to its sleep and suspends
+    assert {r.state.status for r in store.all_rows()} == {RunStatus.WAITING_FOR_TIMER}
+    due_in = store.next_due_in(agents=["sleeper"])
+    urgent = store.next_due_in(agents=["sleeper"], queues=["urgent"])
+    both = store.next_due_in(agents=["sleeper", "other"])
+    elapsed = (rt.store.store_now() - before).total_seconds()  # after every answer
+    assert 100 - elapsed <= due_in <= 100
+    assert 300 - elapsed <= urgent <= 300
+    assert 50 - elapsed <= both <= 50
+    assert store.next_due_in(agents=["nobody"]) is None
+    assert store.next_due_in(agents=["sleeper"], queues=["nowhere"]) is None
+
+
+def test_next_due_in__a_queued_run_is_due_now(rt: Runtime) -> None:
+    """A run queued and not claimed is due already: the answer is at most zero, so an idle
+    worker claims again almost at once."""
+    rt.enqueue("sleeper", {"seconds": 1})
+    store: Any = rt.store
+    due_in = store.next_due_in(agents=["sleeper"])
+    assert due_in is not None
+    assert due_in <= 0
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Return once `condition` holds (checked every 10 ms, for at most 30 s)."""
+    for _ in range(3000):
+        if condition():
+            return
+        time.sleep(0.01)
+
+
+class CountingReads:
+    """The store, counting `next_due_in` reads; its waits are the store's own."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def next_due_in(self, **kwargs: Any) -> float | None:
+        self.reads += 1
+        return self._store.next_due_in(**kwargs)  # type: ignore[no-any-return]
+
+
+def test_idle_worker__reads_the_due_time_again_only_when_it_may_have_moved(rt: Runtime) -> None:
+    """Runs that settle, each waking the worker by its enqueue, cost no due-time read (the
+    first idle wait's read stands); a run that goes to sleep makes the next wait read it."""
+    store = CountingReads(rt.store)
+    settled = threading.Semaphore(0)
+    worker = rt.worker(concurrency=2, on_result=lambda result: settled.release())
+    worker.store = store  # type: ignore[assignment]
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: store.reads == 1)  # idle, nothing due: the first wait's read
+        for _ in range(5):
+            run_id = rt.enqueue("quick", {})
+            assert settled.acquire(timeout=30)
+            assert rt.get(run_id).status is RunStatus.COMPLETED
+        reads_after_settled_runs = store.reads
+        rt.enqueue("other", {"seconds": 3600})  # suspends: its wake-up is a new due time
+        assert settled.acquire(timeout=30)
+        wait_until(lambda: store.reads > reads_after_settled_runs)  # on its way to its wait
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert reads_after_settled_runs == 1
+    assert store.reads == reads_after_settled_runs + 1
