@@ -169,6 +169,8 @@ class PrivacyLevel(StrEnum):
     def parse(cls, value: object) -> PrivacyLevel:
         """An unset, unknown or invalid level means `metadata`, the safe default (note that
         an unset value is None, whose text "none" would otherwise name the `none` level)."""
+        if type(value) is cls:  # the common case (every step's filter): nothing to parse
+            return value
         if value is None:
             return cls.METADATA
         try:

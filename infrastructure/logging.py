@@ -132,14 +132,23 @@ class _LazyLogger:
                 self.__dict__[name] = value
             return value
 
+        # Made once per logger and level, and kept: the worker's bound loggers log a few
+        # info events per run each, and at the usual `warning` every one of them stops at
+        # the level check below. Kept in __dict__, a later call skips `__getattr__`, the
+        # closure and the stdlib logger's lookup (a lock; ADR 0084). The level is still
+        # asked on every call (isEnabledFor, whose cache setLevel clears, as structlog's
+        # filter_by_level asks it), so a level set later applies at once; the first event
+        # that passes builds the real logger, whose method then takes this one's place.
+        stdlib = logging.getLogger(LOGGER_NAME)
+
         def log(event: str | None = None, *args: Any, **kw: Any) -> Any:
-            stdlib = logging.getLogger(LOGGER_NAME)
-            if stdlib.disabled or level < stdlib.getEffectiveLevel():
+            if not stdlib.isEnabledFor(level):
                 return None
             method = getattr(self._logger(), name)
             self.__dict__[name] = method
             return method(event, *args, **kw)
 
+        self.__dict__[name] = log
         return log
 
 

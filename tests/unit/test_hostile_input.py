@@ -344,6 +344,31 @@ def test_logger__level_read_on_every_call(caplog: pytest.LogCaptureFixture) -> N
         logger.propagate = old[1]
 
 
+def test_logger__a_kept_level_method_honours_logging_disable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The level method a bound logger keeps (ADR 0084) asks the level the way structlog's
+    `filter_by_level` does: `logging.disable` drops its events too, and lifting it lets the
+    same logger's next event through."""
+    log = steptrail_logger().bind(worker_id="w")
+    logger = logging.getLogger("steptrail")
+    old = logger.level, logger.propagate
+    logger.propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger="steptrail"):
+            logger.setLevel(logging.INFO)
+            logging.disable(logging.INFO)
+            log.info("hidden_info", run_id="r")
+            logging.disable(logging.NOTSET)
+            log.info("shown_info", run_id="r")
+        events = {r.msg["event"] for r in caplog.records if isinstance(r.msg, dict)}
+        assert events == {"shown_info"}
+    finally:
+        logging.disable(logging.NOTSET)
+        logger.setLevel(old[0])
+        logger.propagate = old[1]
+
+
 def test_tool_label__free_text_names_only_at_redacted_and_full() -> None:
     """A declared tool keeps its name; an undeclared one is a stable digest label below
     `redacted`, masked at `redacted`, verbatim at `full`."""
