@@ -20,7 +20,7 @@ from steptrail.async_runtime import AsyncRuntime
 from steptrail.domain.enums import RunStatus
 from steptrail.runtime import InvalidItem, InvalidRequest, Runtime
 from steptrail.workers.reaper import Reaper
-from tests.conftest import make_runtime
+from tests.conftest import logged_events, make_runtime
 
 
 def keyed_app() -> App:
@@ -96,7 +96,7 @@ def key_table(rt: Runtime) -> dict[str, tuple[int, int]]:
 
 
 def event_count(rt: Runtime) -> int:
-    return len(rt.events(limit=100_000))
+    return logged_events(rt)
 
 
 def test_enqueue__the_most_specific_pattern_gives_the_limit(rt: Runtime) -> None:

@@ -18,7 +18,7 @@ from steptrail.domain.queues import PriorityChanged
 from steptrail.runtime import InvalidItem, InvalidRequest, Runtime
 from steptrail.workers.reaper import Reaper
 from steptrail.workers.registry import UnknownQueue
-from tests.conftest import make_runtime
+from tests.conftest import logged_events, make_runtime
 
 HOLDER = "worker:test"
 
@@ -44,7 +44,9 @@ def queued_app() -> App:
 
     @app.agent("naps", queue="bulk")
     def naps(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
-        ctx.sleep(0.05)
+        # Long enough that a burst worker slowed by a busy machine is done before the
+        # timer comes due (else it claims the woken run too, in the same burst).
+        ctx.sleep(NAP_S)
         return {"got": ctx.wait_event("go")}
 
     app.queue("bulk")
@@ -56,6 +58,9 @@ def rt(db_url: str) -> Iterator[Runtime]:
     runtime = make_runtime(db_url, app=queued_app())
     yield runtime
     runtime.close()
+
+
+NAP_S = 0.3
 
 
 def claim(rt: Runtime, *, limit: int = 16, queues: list[str] | None = None) -> list[Any]:
@@ -74,7 +79,7 @@ def placed(rt: Runtime, run_id: UUID) -> tuple[str, int]:
 
 
 def event_count(rt: Runtime) -> int:
-    return len(rt.events(limit=100_000))
+    return logged_events(rt)
 
 
 def test_enqueue__agent_defaults_and_explicit_placement(rt: Runtime) -> None:
@@ -287,7 +292,7 @@ def test_woken_runs_keep_queue_and_priority(rt: Runtime) -> None:
     assert rt.work(burst=True, queues=["bulk"]).claimed == 1
     assert rt.get(run_id).status is RunStatus.WAITING_FOR_TIMER
     rt.set_priority(run_id, 6, by="ops")  # a waiting run's priority may change
-    time.sleep(0.1)
+    time.sleep(NAP_S + 0.05)
     assert claim(rt, queues=["default", "heavy"]) == []
     (woke,) = claim(rt, queues=["bulk"])
     assert (woke.run.id, woke.run.state.queue, woke.run.state.priority) == (run_id, "bulk", 6)
@@ -333,7 +338,7 @@ def test_set_priority__a_wake_up_in_between_is_retried_on_the_queued_run(
 ) -> None:
     run_id = rt.enqueue("naps")
     rt.work(burst=True)
-    time.sleep(0.1)
+    time.sleep(NAP_S + 0.05)
     rt.work(burst=True)
     assert rt.get(run_id).status is RunStatus.WAITING_FOR_EVENT
     _moved_after_read(rt, monkeypatch, lambda: rt.signal(run_id, "go", {"n": 1}))
