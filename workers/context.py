@@ -665,7 +665,9 @@ class RunContext:
         self._replay_noted = True
         count, last_seq = self._journal.replayed, self._journal.last_seq
         try:
-            self._segment.defer(lambda run: run.record_replay(count=count, last_seq=last_seq))
+            self._segment.defer(
+                lambda run: run.record_replay(count=count, last_seq=last_seq), quiet=True
+            )
         except LeaseLost:
             return  # the caller's next append reports the loss
         version = self._segment.run.committed_version
@@ -706,6 +708,7 @@ class RunContext:
         result: Any,
         log_result: bool = True,
         probe: StepProbe = NO_STEP,
+        quiet: bool = False,
     ) -> None:
         """Defer the step's record onto the segment's next append (`steps.record`)."""
         steps.record(
@@ -718,6 +721,7 @@ class RunContext:
             result=result,
             log_result=log_result,
             probe=probe,
+            quiet=quiet,
         )
 
     def check_size(self, payload: Any, what: str) -> None:

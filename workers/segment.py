@@ -140,6 +140,10 @@ class Segment:
         self.probe: telemetry.SegmentProbe = telemetry.NO_SEGMENT
         # Set by the worker: the settle claims its next run too (ADR 0058).
         self.next_claim: NextClaim | None = None
+        # Pending events that record no effect (a `Replayed` note, a wait's outcome): they
+        # do not make a boundary append (ADR 0085). Held by reference and compared by
+        # identity; emptied by every append that lands.
+        self._quiet: list[RunEvent] = []
 
     @property
     def holder(self) -> str:
@@ -162,19 +166,35 @@ class Segment:
         if self.lost is not None:
             raise self.lost
         with self.lock:
-            if self.run.pending_events:
+            if self._effect_pending():
                 self._append(self.run.checkpoint(), None)
             elif self.clock() - self.last_ok > self.timings.self_fence_after_s:
                 checkpoint = self.run.checkpoint()
                 self.run.renew_lease()
                 self._append(checkpoint, None, retry=False)
 
-    def defer(self, command: Callable[[Run], object]) -> object:
-        """Apply `command` now and append what it triggered at the next boundary."""
+    def defer(self, command: Callable[[Run], object], *, quiet: bool = False) -> object:
+        """Apply `command` now and append what it triggered at the next boundary.
+
+        `quiet`: what it triggered records no effect (a replay note, a wait's or a decision's
+        outcome), so it does not make the next boundary append by itself: it rides with the
+        next append that something else makes (ADR 0085). The claim's append, or the
+        boundary's lease check, is the proof the next step needs; a segment lost before that
+        append leaves the outcome to be recorded again by the next one, from the same state.
+        """
         with self.lock:
             if self.lost is not None:
                 raise self.lost
-            return command(self.run)
+            before = len(self.run.pending_events)
+            result = command(self.run)
+            if quiet:
+                self._quiet.extend(self.run.pending_events[before:])
+            return result
+
+    def _effect_pending(self) -> bool:
+        """Whether a pending event is not quiet (see `defer`): a boundary appends it."""
+        quiet = self._quiet
+        return any(all(event is not q for q in quiet) for event in self.run.pending_events)
 
     def commit(
         self,
@@ -289,6 +309,7 @@ class Segment:
                     self._doubt = _Doubt(self.run.state, sent)
                     continue  # settle it now: often the store is back at once
                 self.last_ok = sent
+                self._quiet.clear()
                 self._log_recorded(batch)
                 return True
             remaining = self.last_ok + self.timings.self_fence_after_s - self.clock()

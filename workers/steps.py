@@ -135,9 +135,11 @@ def record(
     result: Any,
     log_result: bool = True,
     probe: StepProbe = NO_STEP,
+    quiet: bool = False,
 ) -> None:
     """Defer the step's record onto the segment's next append: bounded, filtered and capped
-    as the module docstring says; raises the limit's error if the step's value broke one."""
+    as the module docstring says; raises the limit's error if the step's value broke one.
+    `quiet`: the record is a wait's outcome, no effect (`Segment.defer`, ADR 0085)."""
     duration_ms = int((time.perf_counter() - started) * 1000)
     kind, name = call.kind, call.name
     body: dict[str, Any] = dict(payload or {})
@@ -181,7 +183,7 @@ def record(
             journal=entry,
         )
 
-    ctx._segment.defer(record)
+    ctx._segment.defer(record, quiet=quiet)
     failure = entry.failure_class.value if entry.failure_class is not None else None
     probe.ended(StepEnd(ctx.next_seq - 1, filtered, tokens, cost, error_type, failure))
     if rejected is not None:

@@ -142,9 +142,14 @@ def _take(ctx: RunContext, call: StepCall, signal: Signal) -> Any:
 
 def record_outcome(ctx: RunContext, call: StepCall, logged: dict[str, Any], value: Any) -> None:
     """Record a wait's (or a decision's) outcome as the step at `call`: `logged` in the
-    log, `value` in the journal only."""
+    log, `value` in the journal only.
+
+    No boundary first, and none made by it (ADR 0085): an outcome is not an effect, so
+    nothing needs proving before it is recorded, and it rides (with the `Replayed` note)
+    with the next append that something else makes: the next live step's boundary when a
+    record of an effect is pending (or the lease needs the proof), else the step's own
+    record, a suspend or the settle."""
     segment = ctx._segment
-    segment.boundary()
     probe = segment.probe.step_started(call.kind, call.name, ctx.next_seq)
     ctx._record(
         call=call,
@@ -155,6 +160,7 @@ def record_outcome(ctx: RunContext, call: StepCall, logged: dict[str, Any], valu
         result=value,
         log_result=False,
         probe=probe,
+        quiet=True,
     )
     probe.close()
 

@@ -124,6 +124,37 @@ def test_sleep__releases_the_lease_and_wakes_at_its_time(rt: Runtime) -> None:
     assert result_of(rt, run_id) == {"result": {"before": "b", "after": "a"}}
 
 
+def test_sleep__the_woken_segment_appends_once(rt: Runtime) -> None:
+    """A woken segment's replay note and the sleep's outcome record no effect (ADR 0085):
+    they ride with the settle, so the segment after a sleep costs its claim and one append
+    (before: three), and the trail keeps their order."""
+    run_id = rt.enqueue("sleeper", {"seconds": 0.2})
+    rt.work(burst=True)
+    assert rt.get(run_id).status is RunStatus.WAITING_FOR_TIMER
+    store: Any = rt.store
+    appended: list[list[str]] = []
+    real = store.append
+
+    def counting(run: Run, **kwargs: Any) -> Any:
+        appended.append([type(e).__name__ for e in run.pending_events])
+        return real(run, **kwargs)
+
+    store.append = counting
+    try:
+        drain_until(rt, run_id, RunStatus.COMPLETED)
+    finally:
+        del store.append
+    assert appended == [["Replayed", "StepRecorded", "StepRecorded", "Completed"]]
+    assert topics(rt, run_id)[-5:] == [
+        "Claimed",
+        "Replayed",
+        "StepRecorded",
+        "StepRecorded",
+        "Completed",
+    ]
+    assert Counter({"before": 1, "after": 1}) == CALLS
+
+
 def test_sleep_until__a_past_instant_only_records(rt: Runtime) -> None:
     """sleep_until a past instant does not suspend; a future one does."""
     done = rt.enqueue("until", {"seconds": -5})

@@ -10,7 +10,7 @@ import pytest
 
 from steptrail import App, RunContext, WaitTimedOut
 from steptrail.domain.enums import RunStatus
-from steptrail.testing import Kit
+from steptrail.testing import Kit, crash_at, lose_lease_at
 
 CALLS: Counter[str] = Counter()
 
@@ -95,3 +95,27 @@ def test_kit__a_wait_deadline_fires(steptrail_kit: Kit) -> None:
     result = steptrail_kit.run_to_end("booking", {"timeout": 0.3})
     assert result.status is RunStatus.COMPLETED
     assert result.result == {"booked": False}
+
+
+def test_kit__a_crash_after_the_woken_step_does_not_sleep_again(steptrail_kit: Kit) -> None:
+    """The woken segment keeps the sleep's outcome pending past the next step's boundary
+    (ADR 0085); dying after that step ran, before anything was appended, loses the outcome
+    with the step. The next segment records the outcome again from the run's state (it was
+    woken from that sleep): it does not sleep a second time, and only the lost step runs
+    again."""
+    result = steptrail_kit.run_to_end("digest", {"hours": 0.3 / 3600}, faults=[crash_at(3)])
+    assert result.status is RunStatus.COMPLETED
+    assert Counter({"look": 1, "again": 2}) == CALLS
+    assert [s.kind for s in result.steps] == ["llm", "sleep", "llm"]
+    trail = [type(h.event).__name__ for h in steptrail_kit.runtime.history(result.run_id)]
+    assert trail.count("WaitStarted") == 1
+
+
+def test_kit__a_zombie_after_the_wake_leaves_one_outcome(steptrail_kit: Kit) -> None:
+    """A woken segment that loses its run at the step after the sleep appends nothing (its
+    pending outcome goes with it); the segment that takes over records the outcome once."""
+    result = steptrail_kit.run_to_end("digest", {"hours": 0.3 / 3600}, faults=[lose_lease_at(3)])
+    assert result.status is RunStatus.COMPLETED
+    assert [s.kind for s in result.steps] == ["llm", "sleep", "llm"]
+    trail = [type(h.event).__name__ for h in steptrail_kit.runtime.history(result.run_id)]
+    assert trail.count("WaitStarted") == 1

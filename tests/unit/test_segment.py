@@ -222,3 +222,79 @@ def test_run__mark_committed_first_commits_the_landed_steps_journal() -> None:
     assert [seq for seq, _ in run.pending_journal] == [2]
     assert len(run.pending_events) == 1
     assert run.committed_version == run.version - 1
+
+
+# -- quiet records (ADR 0085) ----------------------------------------------------------------
+
+
+def _step(run: Run, name: str = "s") -> int:
+    return run.record_step(kind="llm", name=name, duration_ms=1)
+
+
+def test_segment__quiet_records_make_no_boundary_append() -> None:
+    """A replay note and a wait's outcome record no effect: with only those pending and the
+    claim's proof fresh, the next step's boundary appends nothing; they ride with the next
+    append that something else makes, in the order they were made."""
+    segment, store, _ = running_segment()
+    segment.defer(lambda r: r.record_replay(count=2, last_seq=2), quiet=True)
+    segment.defer(_step, quiet=True)  # the wait's outcome
+    segment.boundary()
+    assert store.appends == []
+    segment.defer(lambda r: _step(r, "live"))  # the live step that followed
+    segment.commit(lambda r: r.complete(result={}))
+    assert store.appends == [6]  # replay note, outcome, step, completion: one append
+    assert segment.run.pending_events == ()
+
+
+def test_segment__an_effect_pending_behind_quiet_records_is_appended_at_the_boundary() -> None:
+    """A live step's record after a quiet one still makes the boundary append, and the
+    append carries both."""
+    segment, store, _ = running_segment()
+    segment.defer(lambda r: r.record_replay(count=1, last_seq=1), quiet=True)
+    segment.defer(_step)
+    segment.boundary()
+    assert store.appends == [4]
+    assert segment.run.pending_events == ()
+
+
+def test_segment__an_effect_before_quiet_records_is_appended_at_the_boundary() -> None:
+    """Quiet records made after a live step's record do not hide it."""
+    segment, store, _ = running_segment()
+    segment.defer(_step)
+    segment.defer(lambda r: _step(r, "outcome"), quiet=True)
+    segment.boundary()
+    assert store.appends == [4]
+
+
+def test_segment__quiet_records_with_a_stale_proof_renew_at_the_boundary() -> None:
+    """With only quiet records pending and the last append older than half a lease, the
+    boundary appends them with a lease renewal before the step may start."""
+    segment, store, clock = running_segment(lease_s=3.0)
+    segment.defer(lambda r: _step(r, "outcome"), quiet=True)
+    clock.now += 1.6
+    segment.boundary()
+    assert store.appends == [4]  # the outcome and a LeaseRenewed, one append
+    assert segment.last_ok == clock.now
+
+
+def test_segment__quiet_marks_end_with_the_append_that_carried_them() -> None:
+    """After an append lands, a new record is judged on its own: a live step deferred
+    later makes its boundary append even though quiet records came before."""
+    segment, store, _ = running_segment()
+    segment.defer(lambda r: _step(r, "outcome"), quiet=True)
+    segment.commit(lambda r: _step(r, "marker"))
+    assert store.appends == [4]
+    segment.defer(lambda r: _step(r, "live"))
+    segment.boundary()
+    assert store.appends == [4, 5]
+
+
+def test_segment__the_keeper_renews_with_quiet_records() -> None:
+    """The lease keeper's heartbeat carries quiet records like any pending step (no
+    separate LeaseRenewed)."""
+    segment, store, clock = running_segment(lease_s=3.0)
+    segment.defer(lambda r: _step(r, "outcome"), quiet=True)
+    clock.now += 1.1
+    segment.try_renew()
+    assert store.appends == [3]
+    assert [type(e).__name__ for e in segment.run.pending_events] == []
