@@ -194,15 +194,19 @@ def current(entries: Iterable[JournalEntry]) -> list[JournalEntry]:
     return [by_position[p] for p in sorted(by_position)]
 
 
-def replayable(entries: Iterable[JournalEntry]) -> list[JournalEntry]:
+def replayable(entries: Iterable[JournalEntry], waited_at: int | None = None) -> list[JournalEntry]:
     """The entries a segment replays, positions 1..n: the contiguous prefix of `current`,
-    without a trailing failure (the agent did not get past it: that step runs again)."""
+    without a trailing failure (the agent did not get past it: that step runs again) —
+    unless the run was woken from a wait at a later step seq (`waited_at`): then the agent
+    caught that failure and went on to the wait, and the failure replays as recorded. (Run
+    again, the step would take a new seq, the wait's outcome would no longer be found at
+    its seq, and the run would wait again, for ever.)"""
     prefix: list[JournalEntry] = []
     for expected, entry in enumerate(current(entries), start=1):
         if entry.position != expected:
             break
         prefix.append(entry)
-    if prefix and prefix[-1].failed:
+    if prefix and prefix[-1].failed and (waited_at is None or waited_at <= prefix[-1].seq):
         prefix.pop()  # a failure that ended its segment: run that step again
     return prefix
 
@@ -210,8 +214,8 @@ def replayable(entries: Iterable[JournalEntry]) -> list[JournalEntry]:
 class JournalCursor:
     """Hands back recorded outcomes by position (see the module docstring)."""
 
-    def __init__(self, entries: Iterable[JournalEntry] = ()) -> None:
-        self._entries = replayable(entries)
+    def __init__(self, entries: Iterable[JournalEntry] = (), waited_at: int | None = None) -> None:
+        self._entries = replayable(entries, waited_at)
         self.position = 0
         self.replayed = 0
         self.last_seq = 0

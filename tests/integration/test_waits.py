@@ -155,6 +155,44 @@ def test_sleep__the_woken_segment_appends_once(rt: Runtime) -> None:
     assert Counter({"before": 1, "after": 1}) == CALLS
 
 
+@app.agent("careful")
+def careful(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        ctx.llm("flaky", _flaky)
+    except Exception:  # replayed, the failure is a ReplayedError: catch Exception
+        CALLS.update(["caught"])
+    if request.get("event"):
+        got = ctx.wait_event("go", timeout=5)
+    else:
+        ctx.sleep(0.2)
+        got = None
+    return {"after": ctx.llm("after", lambda: CALLS.update(["after"]) or "a"), "got": got}
+
+
+def _flaky() -> None:
+    CALLS.update(["flaky"])
+    raise ValueError("the provider said no")
+
+
+@pytest.mark.parametrize("wait", ["sleep", "event"])
+def test_wait__after_a_caught_failure_ends_once(rt: Runtime, wait: str) -> None:
+    """A failed step the agent caught, then a wait, as the journal's last entries: the woken
+    segment replays the failure (it does not run that step again, which would move the
+    wait to another step seq and make the run wait again, for ever) and goes on."""
+    run_id = rt.enqueue("careful", {"event": wait == "event"})
+    rt.work(burst=True)
+    assert rt.get(run_id).status.is_waiting
+    if wait == "event":
+        rt.signal(run_id, "go", {"n": 1})
+    drain_until(rt, run_id, RunStatus.COMPLETED)
+    assert CALLS["flaky"] == 1
+    assert CALLS["caught"] == 2  # live, then replayed
+    assert topics(rt, run_id).count("WaitStarted") == 1
+    assert result_of(rt, run_id) == {
+        "result": {"after": "a", "got": {"n": 1} if wait == "event" else None}
+    }
+
+
 def test_sleep_until__a_past_instant_only_records(rt: Runtime) -> None:
     """sleep_until a past instant does not suspend; a future one does."""
     done = rt.enqueue("until", {"seconds": -5})

@@ -88,6 +88,16 @@ def test_cursor__trailing_failure_runs_again() -> None:
     assert cursor.next(call("b")) is None
 
 
+def test_cursor__trailing_failure_before_a_wait_is_replayed() -> None:
+    """A trailing failure the agent caught before a wait (the run was woken from a wait at
+    a later step seq) is replayed, so the wait's outcome is found at its seq; one at or
+    after the wait's seq (a later segment's) still runs again."""
+    entries = [entry(1, "a"), failed(2, "b")]
+    assert JournalCursor(entries, waited_at=3).recorded == 2
+    assert JournalCursor(entries, waited_at=2).recorded == 1
+    assert JournalCursor(entries, waited_at=None).recorded == 1
+
+
 def test_cursor__caught_failure_is_replayed_as_its_error() -> None:
     """A failure the agent went on from is replayed: the recorded error is raised again."""
     cursor = JournalCursor([failed(1, "a"), entry(2, "b")])
