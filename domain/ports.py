@@ -19,12 +19,14 @@ from steptrail.domain.waits import Signal, SignalGuard
 
 @dataclass(frozen=True)
 class ClaimedRun:
-    """A run a worker just claimed, with the request it was queued with, and how old the
-    run was at the claim by the store's clock (seconds since its creation)."""
+    """A run a worker just claimed, with the request it was queued with, how old the run
+    was at the claim by the store's clock (seconds since its creation), and its journal
+    when the claim read it too (ADR 0086; None: not read, the segment reads it)."""
 
     run: Run
     request: bytes
     age_s: float | None = None
+    journal: tuple[JournalEntry, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,14 @@ claim as one statement."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from steptrail.domain.children import settles_child
+from steptrail.domain.journal import JournalEntry
 from steptrail.domain.ports import ClaimedRun, ClaimRequest
 from steptrail.domain.queues import priority_changed
 from steptrail.domain.run import Run
@@ -210,6 +211,38 @@ class PostgresWrites(PostgresReads):
                 run=self._run(row),
                 request=bytes(row["request"] or b""),
                 age_s=max(0.0, (row["updated_at"] - row["created_at"]).total_seconds()),
+                journal=journal_from_arrays(row),
             )
 
         return skip_unreadable(claimed, rows)
+
+
+def journal_from_arrays(row: Mapping[str, Any]) -> tuple[JournalEntry, ...] | None:
+    """The journal a PostgreSQL claim returned with its run, as the parallel arrays of its
+    `j_*` columns (ADR 0086): () for none, None when the query did not read it (a settle's
+    claim), so the segment reads it itself."""
+    if "j_seq" not in row:
+        return None
+    seqs = row["j_seq"]
+    if seqs is None:
+        return ()
+    columns = zip(
+        seqs,
+        row["j_position"],
+        row["j_kind"],
+        row["j_name"],
+        row["j_fingerprint"],
+        row["j_outcome"],
+        strict=True,
+    )
+    return tuple(
+        JournalEntry.from_row(
+            seq=int(seq),
+            position=int(position),
+            kind=kind,
+            name=name,
+            fingerprint=fingerprint,
+            outcome=bytes(outcome),
+        )
+        for seq, position, kind, name, fingerprint, outcome in columns
+    )

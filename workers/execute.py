@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import json
 import random
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
@@ -25,7 +25,7 @@ from steptrail.domain.errors import (  # re-exported: it was defined here before
     CorruptResumableState as CorruptResumableState,  # noqa: PLC0414
 )
 from steptrail.domain.errors import StoreUnavailable
-from steptrail.domain.journal import JournalCursor, NonDeterministic, ReplayedError
+from steptrail.domain.journal import JournalCursor, JournalEntry, NonDeterministic, ReplayedError
 from steptrail.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -131,11 +131,13 @@ class Executor:
         resumable: dict[str, Any] | None = None,
         lease_from: float | None = None,
         next_claim: NextClaim | None = None,
+        journal: Sequence[JournalEntry] | None = None,
     ) -> SegmentResult:
         """Run the agent of `run` (held by this process) and settle it. `lease_from` is
         when the write that gave this process the lease was sent (`time.monotonic()`).
         With `next_claim`, the settle also claims the worker's next run (ADR 0058; a
-        synchronous agent's only: an async one settles as usual).
+        synchronous agent's only: an async one settles as usual). `journal`: the run's
+        journal as its claim read it (ADR 0086); None: the segment reads it.
 
         An async agent runs to its end on a private event loop in this thread; from a thread
         that already runs a loop, await `execute_async` instead.
@@ -143,9 +145,11 @@ class Executor:
         spec = self.app.get(run.state.agent)
         if spec.is_async:
             return run_to_end(
-                self.execute_async(run, request, resumable=resumable, lease_from=lease_from)
+                self.execute_async(
+                    run, request, resumable=resumable, lease_from=lease_from, journal=journal
+                )
             )
-        opened = self._open(spec, run, request, resumable, lease_from)
+        opened = self._open(spec, run, request, resumable, lease_from, journal=journal)
         if isinstance(opened, SegmentResult):
             return opened
         segment, ctx = opened
@@ -173,6 +177,7 @@ class Executor:
         *,
         resumable: dict[str, Any] | None = None,
         lease_from: float | None = None,
+        journal: Sequence[JournalEntry] | None = None,
     ) -> SegmentResult:
         """Run the agent of `run` as a coroutine on the running loop and settle it. Every
         store call (the journal read, appends, the settle) runs on `self.threads`; the loop
@@ -181,12 +186,17 @@ class Executor:
         spec = self.app.get(run.state.agent)
         if not spec.is_async:
             return await asyncio.to_thread(
-                self.execute, run, request, resumable=resumable, lease_from=lease_from
+                self.execute,
+                run,
+                request,
+                resumable=resumable,
+                lease_from=lease_from,
+                journal=journal,
             )
-        if run.state.steps:  # reads its journal: a store call
+        if run.state.steps and journal is None:  # reads its journal: a store call
             opened = await self.threads.call(self._open, spec, run, request, resumable, lease_from)
-        else:  # a fresh run has no journal: nothing here touches the store
-            opened = self._open(spec, run, request, resumable, lease_from)
+        else:  # no journal, or the claim's: nothing here touches the store
+            opened = self._open(spec, run, request, resumable, lease_from, journal=journal)
         if isinstance(opened, SegmentResult):
             return opened
         segment, core = opened
@@ -217,6 +227,8 @@ class Executor:
         request: dict[str, Any],
         resumable: dict[str, Any] | None,
         lease_from: float | None,
+        *,
+        journal: Sequence[JournalEntry] | None = None,
     ) -> tuple[Segment, RunContext] | SegmentResult:
         """The segment and its context, ready to run the agent; or, when the journal cannot
         be read, the result of a segment that never started."""
@@ -226,8 +238,12 @@ class Executor:
             self.store, run, lease_s=self.config.lease_s, log=self.log, lease_from=lease_from
         )
         try:
-            # A run that recorded no step has no journal: a fresh claim costs no extra read.
-            journal = JournalCursor(self.store.journal(run.id) if run.state.steps else ())
+            # A run that recorded no step has no journal: a fresh claim costs no extra read;
+            # nor does one whose claim brought its journal along (ADR 0086).
+            if journal is None:
+                journal = self.store.journal(run.id) if run.state.steps else ()
+            woke = run.state.woke  # a failure the agent caught before a wait replays
+            cursor = JournalCursor(journal, waited_at=woke.seq if woke is not None else None)
         except StoreUnavailable as error:
             # Without its journal the agent would run recorded steps again: do not start.
             # The lease runs out and the reaper hands the run to another segment.
@@ -241,7 +257,7 @@ class Executor:
             resumable=resumable,
             max_payload_bytes=self.config.max_payload_bytes,
             declared_tools=self.app.declared_tools,
-            journal=journal,
+            journal=cursor,
             classify=self.classifier,
             deadlines=Deadlines(
                 step_timeout=spec.step_timeout,

@@ -321,7 +321,12 @@ class Worker:
                 result = self._refuse(run, error)
             else:
                 result = executor.execute(
-                    run, request, resumable=resumable, lease_from=sent, next_claim=chain
+                    run,
+                    request,
+                    resumable=resumable,
+                    lease_from=sent,
+                    next_claim=chain,
+                    journal=claimed.journal,
                 )
             self._finished(log, result)
         # A bug in steptrail or a callback (logged by `_crashed`); the run's lease will expire.
@@ -341,7 +346,7 @@ class Worker:
                 result = await self._threads.call(self._refuse, run, error)
             else:
                 result = await executor.execute_async(
-                    run, request, resumable=resumable, lease_from=sent
+                    run, request, resumable=resumable, lease_from=sent, journal=claimed.journal
                 )
             self._finished(log, result)
         except Exception:  # noqa: BLE001 - as in `_execute`

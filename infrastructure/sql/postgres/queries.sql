@@ -244,11 +244,19 @@ DELETE FROM steptrail_journal WHERE run_id = %(run_id)s AND position >= %(positi
 -- steptrail_claim (migration 0018) does all of it in one statement, so the lock pass and the
 -- writes share one snapshot (ADR 0048), and walks the per-agent claim index whatever the
 -- statistics say (ADR 0037).
-SELECT (c.run).*, c.request
+--
+-- A claimed run that has recorded steps comes with its journal (ADR 0086), as parallel
+-- arrays in step order: the segment would read it first thing, one more round trip per
+-- resumed segment. steptrail_claimed_journal (migration 0039) reads it with a snapshot
+-- taken after the claim's locks; a fresh run (no steps) costs it no lookup.
+SELECT (c.run).*, c.request, j.*
 FROM steptrail_claim(
     %(agents)s::text[], %(limit)s::integer, %(topic)s::text, %(state)s::bytea, %(holder)s::text,
     %(lease_ms)s::bigint, %(queues)s::text[]
 ) AS c
+CROSS JOIN LATERAL steptrail_claimed_journal(
+    (c.run).run_id, ((c.run).doc ->> 'steps')::bigint
+) AS j
 ORDER BY (c.run).run_id;
 -- name: keyed_held_back
 -- Whether a keyed run of these agents and queues is due but not claimed (held back by its
