@@ -13,6 +13,13 @@ from __future__ import annotations
 # the store's answer, or one a peer's claim holds locked for the moment) is claimed again
 # almost at once; the floor keeps a worker from spinning while a peer's claim commits.
 MIN_WAIT_S = 0.005
+# After a claim that took fewer runs than it asked for, the dispatcher waits this long (or
+# until the store wakes it) before it claims again (ADR 0089). That claim saw every run due at
+# its start; a claim at once would find only what came due in the instant since, while runs
+# queued meanwhile wake the worker anyway. Without the pause a worker whose backlog is gone
+# claims once per run as timers come due one by one (a claim each, mostly of one run, with
+# an empty one between), instead of once per handful.
+PARTIAL_CLAIM_WAIT_S = 0.005
 # Added to the wait for a due time: the store's clock is read at its statement's start and
 # the host's timer may fire a hair early, so the claim that follows finds the run due.
 DUE_MARGIN_S = 0.001

@@ -31,7 +31,7 @@ import structlog
 from steptrail.domain import rate_limits as rate_limit_rules
 from steptrail.domain.enums import Outcome, TerminationReason
 from steptrail.domain.errors import CorruptResumableState, StoreUnavailable, VersionConflict
-from steptrail.domain.idle import idle_wait
+from steptrail.domain.idle import PARTIAL_CLAIM_WAIT_S, idle_wait
 from steptrail.domain.ports import ClaimedRun, ClaimRequest, RunStore
 from steptrail.domain.run import Run
 from steptrail.workers.execute import (
@@ -156,14 +156,15 @@ class Worker:
                         self._slot_freed.wait(0.5)
                         continue
                 sent = time.monotonic()  # claimed leases are counted from here (ADR 0016)
+                # As many runs as there are free slots, in one round trip (capped, so one
+                # process does not hoard a burst that its peers could start sooner).
+                limit = min(free, MAX_CLAIM_BATCH)
                 try:
-                    # As many runs as there are free slots, in one round trip (capped, so one
-                    # process does not hoard a burst that its peers could start sooner).
                     claimed = self.store.claim_batch(
                         holder=self.holder,
                         lease_ms=lease_ms,
                         agents=agents,
-                        limit=min(free, MAX_CLAIM_BATCH),
+                        limit=limit,
                         queues=self.queues,
                     )
                 # A lost connection is a warning; anything else (a schema changed under a
@@ -206,6 +207,9 @@ class Worker:
                     self.report.claimed += len(claimed)
                 for item in claimed:
                     self._start(pool, executor, item, sent)
+                if len(claimed) < limit:
+                    # It took all it saw due: pause before the next claim (ADR 0089).
+                    self.store.wait_for_work(PARTIAL_CLAIM_WAIT_S)
             # Stopping: wait for every run in flight, threads and tasks alike, so a graceful
             # stop finishes them all before the loop and the store threads go away.
             with self._slot_freed:

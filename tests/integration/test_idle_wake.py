@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,11 @@ def sleepers_app() -> App:
     @app.agent("other")
     def other(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
         ctx.sleep(request["seconds"])
+        return {}
+
+    @app.agent("until")
+    def until(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.sleep_until(datetime.fromisoformat(request["at"]))
         return {}
 
     return app
@@ -244,3 +249,50 @@ def test_idle_worker__reads_the_due_time_again_only_when_it_may_have_moved(rt: R
         thread.join(timeout=30)
     assert reads_after_settled_runs == 1
     assert store.reads == reads_after_settled_runs + 1
+
+
+def test_worker__pauses_after_a_partial_claim_instead_of_claiming_per_run(db_url: str) -> None:
+    """Sleepers coming due a millisecond apart, with slots to spare: after a claim that took
+    all it saw due, the dispatcher pauses (ADR 0089) instead of claiming again at once, so
+    the wake-ups are claimed a handful at a time, not one claim (or more) per run; each is
+    still claimed within a few milliseconds of its due time."""
+    runtime = make_runtime(db_url, sleepers_app(), poll_interval=1.0, lease_seconds=30.0)
+    try:
+        count = 40
+        base = datetime.now(UTC) + timedelta(seconds=1.5)  # all asleep before the first is due
+        ids = [
+            runtime.enqueue("until", {"at": (base + timedelta(milliseconds=i)).isoformat()})
+            for i in range(count)
+        ]
+        runtime.work(burst=True)
+        assert all(runtime.get(i).status is RunStatus.WAITING_FOR_TIMER for i in ids)
+        claims: list[int] = []
+        store: Any = runtime.store
+        real = store.claim_batch
+
+        def counting(**kwargs: Any) -> Any:
+            got = real(**kwargs)
+            claims.append(len(got))
+            return got
+
+        store.claim_batch = counting
+        worker = runtime.worker(concurrency=count)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+            runtime.get(i).status is RunStatus.COMPLETED for i in ids
+        ):
+            time.sleep(0.05)
+        worker.stop()
+        thread.join(timeout=30)
+        del store.claim_batch
+        assert all(runtime.get(i).status is RunStatus.COMPLETED for i in ids)
+        taken = [n for n in claims if n]
+        assert sum(taken) == count
+        # Without the pause: about one claim per run (40), most of one run, with empty ones
+        # between. With it, at most one claim per 5 ms of the 40 ms the due times span,
+        # plus the few a slow machine adds.
+        assert len(taken) <= 20, claims
+    finally:
+        runtime.close()

@@ -16,7 +16,8 @@
 -- journal until the claim commits. (plpgsql, so it is never inlined into the caller's
 -- snapshot either.)
 --
--- A run with no recorded step (p_steps = 0, a fresh run) has no journal: no lookup.
+-- A run with no recorded step (p_steps = 0, a fresh run) has no journal: no lookup. A row
+-- whose document does not say (NULL) is looked up.
 CREATE OR REPLACE FUNCTION steptrail_claimed_journal(p_run_id uuid, p_steps bigint)
 RETURNS TABLE (
     j_seq bigint[], j_position integer[], j_kind text[], j_name text[], j_fingerprint text[],
@@ -25,7 +26,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    IF p_steps IS NULL OR p_steps <= 0 THEN
+    IF p_steps IS NOT NULL AND p_steps <= 0 THEN
         RETURN QUERY SELECT NULL::bigint[], NULL::integer[], NULL::text[], NULL::text[],
             NULL::text[], NULL::bytea[];
         RETURN;
