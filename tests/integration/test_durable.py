@@ -7,6 +7,7 @@ import contextvars
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -456,7 +457,9 @@ def test_timed_step__its_own_error_and_context_reach_the_agent(db_url: str) -> N
 
 def test_journal_unreadable__segment_does_not_start(db_url: str) -> None:
     """A segment that cannot read its run's journal does not call the agent (it would run
-    recorded steps again); the run is left for the reaper."""
+    recorded steps again); the run is left for the reaper. (A PostgreSQL claim brings the
+    journal along, ADR 0086; here its claims come without one, as a settle's chained claim
+    does, so the segment reads it itself.)"""
     calls: list[int] = []
     app = App()
 
@@ -477,6 +480,9 @@ def test_journal_unreadable__segment_does_not_start(db_url: str) -> None:
         class Unreadable:
             def journal(self, run_id: UUID) -> Any:
                 raise StoreUnavailable("connection refused")
+
+            def claim_batch(self, **kwargs: Any) -> Any:
+                return [replace(c, journal=None) for c in store.claim_batch(**kwargs)]
 
             def __getattr__(self, name: str) -> Any:
                 return getattr(store, name)
