@@ -4,13 +4,13 @@ outside the write lock."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from uuid import UUID
 
 from steptrail.domain.ports import ClaimedRun, ClaimRequest
 from steptrail.domain.run import Run
-from steptrail.infrastructure.sqlite_keys import held_back
 from steptrail.infrastructure.sqlite_queues import pick as pick_claimable
 from steptrail.infrastructure.sqlite_reads import SQLiteReads
 from steptrail.infrastructure.store_base import (
@@ -110,7 +110,11 @@ class SQLiteClaims(SQLiteReads):
         for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
         within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
         with self._read() as cur:
-            names = tuple(dict.fromkeys(agents))
-            chosen = None if queues is None else tuple(queues)
-            horizon = round(rate_horizon_s * 1e6)
-            return held_back(cur, self.q, names, chosen, self.now_us(), horizon_us=horizon)
+            now = self.now_us()
+            params = {
+                "agents": json.dumps(list(dict.fromkeys(agents))),
+                "queues": None if queues is None else json.dumps(list(dict.fromkeys(queues))),
+                "now": now,
+                "until": now + round(rate_horizon_s * 1e6),
+            }
+            return cur.execute(self.q["held_back"], params).fetchone() is not None
