@@ -26,6 +26,7 @@ from steptrail.infrastructure.schedules_store import PostgresSchedules
 from steptrail.infrastructure.store_base import (
     ClaimsOne,
     LookedPast,
+    WakesIdleWorkers,
     claimed_event,
 )
 
@@ -204,6 +205,7 @@ class PostgresStoreBase(
     PostgresChildren,
     PostgresWake,
     ClaimsOne,
+    WakesIdleWorkers,
 ):
     """What every part of `PostgresRunStore` shares: its attributes (set by its `__init__`),
     a connection with the database's errors mapped onto the domain's, and the wake-up of idle
@@ -253,12 +255,7 @@ class PostgresStoreBase(
                 target=self._listen, name="steptrail-listen", daemon=True
             )
             self._listener.start()
-        woken = self._woken.wait(timeout)
-        self._woken.clear()
-        return woken
-
-    def wake(self) -> None:
-        self._woken.set()
+        return super().wait_for_work(timeout)
 
     def _listen(self) -> None:
         """LISTEN on a connection of its own; reconnect with a pause when it drops."""

@@ -240,6 +240,29 @@ class ClaimsOne:
         return claimed[0] if claimed else None
 
 
+class WakesIdleWorkers:
+    """How both stores wake an idle worker of this process: an event that a write leaving a
+    run queued sets after its commit (`wake_here`), that a finished segment sets (`wake`) and
+    that the idle dispatcher waits on (`wait_for_work`). How other processes are woken is
+    each backend's own: SQLite shares the event between the stores of one database in a
+    process, PostgreSQL also LISTENs (its `wait_for_work` starts the listener first)."""
+
+    _woken: threading.Event
+
+    def wait_for_work(self, timeout: float) -> bool:
+        woken = self._woken.wait(timeout)
+        self._woken.clear()
+        return woken
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def wake_here(self, run: Run) -> None:
+        """After a committed write of `run`: wake this process's idle worker if it is queued."""
+        if side_effects(run.state)[1]:
+            self._woken.set()
+
+
 def side_effects(state: RunState) -> tuple[bool, bool]:
     """(drop saved state, notify idle workers) for a run that has just become `state`.
 
