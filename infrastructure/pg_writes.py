@@ -117,7 +117,8 @@ class PostgresWrites(PostgresReads):
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
-        self.wake_here(run)
+        if params["notify"]:  # as `wake_here`, from the side effects already worked out
+            self._woken.set()
         return self._claimed(rows) if rows else []
 
     def append_statement(
