@@ -24,7 +24,7 @@ from steptrail.infrastructure.rate_limits_store import PostgresRateLimits
 from steptrail.infrastructure.run_ids import PostgresRunIds
 from steptrail.infrastructure.schedules_store import PostgresSchedules
 from steptrail.infrastructure.store_base import (
-    ClaimsOne,
+    Claims,
     LookedPast,
     WakesIdleWorkers,
     claimed_event,
@@ -204,7 +204,7 @@ class PostgresStoreBase(
     PostgresSignals,
     PostgresChildren,
     PostgresWake,
-    ClaimsOne,
+    Claims,
     WakesIdleWorkers,
 ):
     """What every part of `PostgresRunStore` shares: its attributes (set by its `__init__`),

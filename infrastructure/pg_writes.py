@@ -170,22 +170,8 @@ class PostgresWrites(PostgresReads):
         params["notify"] = notify
         return params
 
-    def claim_batch(
-        self,
-        *,
-        holder: str,
-        lease_ms: int,
-        agents: Sequence[str],
-        limit: int,
-        queues: Sequence[str] | None = None,
-    ) -> list[ClaimedRun]:
-        request = ClaimRequest(
-            holder=holder,
-            lease_ms=lease_ms,
-            agents=tuple(agents),
-            limit=limit,
-            queues=None if queues is None else tuple(queues),
-        )
+    def _claim(self, request: ClaimRequest) -> list[ClaimedRun]:
+        """`claim_batch` (`store_base.Claims`): the `claim` statement, one round trip."""
         params = _claim_params(request, prefix="")
         with self._connection() as conn:
             if conn in self._claim_prepared:

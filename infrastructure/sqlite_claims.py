@@ -24,22 +24,8 @@ from steptrail.infrastructure.store_base import (
 class SQLiteClaims(SQLiteReads):
     """Claims of `SQLiteRunStore` (see the module docstring)."""
 
-    def claim_batch(
-        self,
-        *,
-        holder: str,
-        lease_ms: int,
-        agents: Sequence[str],
-        limit: int,
-        queues: Sequence[str] | None = None,
-    ) -> list[ClaimedRun]:
-        request = ClaimRequest(
-            holder=holder,
-            lease_ms=lease_ms,
-            agents=tuple(agents),
-            limit=limit,
-            queues=None if queues is None else tuple(queues),
-        )
+    def _claim(self, request: ClaimRequest) -> list[ClaimedRun]:
+        """`claim_batch` (`store_base.Claims`): one write transaction."""
         with self._write() as (cur, at):
             rows = self._claim_rows(cur, at, request)
         return self._claimed(rows, request, at)

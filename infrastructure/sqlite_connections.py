@@ -35,7 +35,7 @@ from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.sqlite_wake import SQLiteWake
 from steptrail.infrastructure.store_base import (
-    ClaimsOne,
+    Claims,
     LookedPast,
     WakesIdleWorkers,
     pending_entries,
@@ -409,7 +409,7 @@ class SQLiteStoreBase(
     SQLiteSignals,
     SQLiteChildren,
     SQLiteWake,
-    ClaimsOne,
+    Claims,
     WakesIdleWorkers,
 ):
     """What every part of `SQLiteRunStore` shares: its attributes (set by its `__init__`), the
