@@ -1,5 +1,6 @@
 """The PostgreSQL store's reads: one run, its row, saved bodies, journal and history, the
-stale scan, listings (ADR 0066: a row that cannot be decoded is read from the log)."""
+stale scan, listings (ADR 0066: a row that cannot be decoded is read from the log), and whether
+burst mode must wait (`held_back`)."""
 
 from __future__ import annotations
 

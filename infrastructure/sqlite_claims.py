@@ -4,7 +4,6 @@ outside the write lock."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from uuid import UUID
@@ -84,23 +83,3 @@ class SQLiteClaims(SQLiteReads):
             return ClaimedRun(run=run, request=bytes(row["request"] or b""), age_s=age_s)
 
         return skip_unreadable(claimed, rows)
-
-    def held_back(
-        self,
-        *,
-        agents: Sequence[str],
-        queues: Sequence[str] | None = None,
-        rate_horizon_s: float = 0.0,
-    ) -> bool:
-        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
-        for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
-        within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
-        with self._read() as cur:
-            now = self.now_us()
-            params = {
-                "agents": json.dumps(list(dict.fromkeys(agents))),
-                "queues": None if queues is None else json.dumps(list(dict.fromkeys(queues))),
-                "now": now,
-                "until": now + round(rate_horizon_s * 1e6),
-            }
-            return cur.execute(self.q["held_back"], params).fetchone() is not None
