@@ -78,6 +78,16 @@ def check_name(name: Any) -> str:
     return name
 
 
+def check_estimate(tokens: Any, keyword: str = "tokens=") -> int:
+    """An estimate of tokens as `keyword` gives it: 0 if None, else a whole number of at
+    least 0 (what any limit's grant may hold is `RateLimit.check_use`)."""
+    if tokens is None:
+        return 0
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise InvalidRateLimit(f"{keyword} is a whole number of at least 0, not {tokens!r}")
+    return tokens
+
+
 @dataclass(frozen=True)
 class RateLimit:
     """At most `requests` grants and `tokens` estimated tokens in any `per_s` seconds (either
@@ -118,16 +128,13 @@ class RateLimit:
 
     def check_use(self, tokens: Any) -> int:
         """The tokens a step estimates (0 if None), refused if no grant could ever hold them."""
-        if tokens is None:
-            return 0
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise InvalidRateLimit(f"tokens= is a whole number of at least 0, not {tokens!r}")
-        if self.tokens is not None and tokens > self.tokens:
+        estimate = check_estimate(tokens)
+        if self.tokens is not None and estimate > self.tokens:
             raise InvalidRateLimit(
                 f"a step estimating {tokens} tokens can never pass rate limit {self.name!r} "
                 f"({self.tokens} tokens per {self.per_s:g} s)"
             )
-        return tokens
+        return estimate
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from steptrail.infrastructure.rate_limits_store import PostgresRateLimits
 from steptrail.infrastructure.run_ids import PostgresRunIds
 from steptrail.infrastructure.schedules_store import PostgresSchedules
 from steptrail.infrastructure.store_base import (
-    ClaimsOne,
+    Claims,
     LookedPast,
+    WakesIdleWorkers,
     claimed_event,
 )
 
@@ -203,7 +204,8 @@ class PostgresStoreBase(
     PostgresSignals,
     PostgresChildren,
     PostgresWake,
-    ClaimsOne,
+    Claims,
+    WakesIdleWorkers,
 ):
     """What every part of `PostgresRunStore` shares: its attributes (set by its `__init__`),
     a connection with the database's errors mapped onto the domain's, and the wake-up of idle
@@ -253,12 +255,7 @@ class PostgresStoreBase(
                 target=self._listen, name="steptrail-listen", daemon=True
             )
             self._listener.start()
-        woken = self._woken.wait(timeout)
-        self._woken.clear()
-        return woken
-
-    def wake(self) -> None:
-        self._woken.set()
+        return super().wait_for_work(timeout)
 
     def _listen(self) -> None:
         """LISTEN on a connection of its own; reconnect with a pause when it drops."""

@@ -1,5 +1,6 @@
 """The PostgreSQL store's reads: one run, its row, saved bodies, journal and history, the
-stale scan, listings (ADR 0066: a row that cannot be decoded is read from the log)."""
+stale scan, listings (ADR 0066: a row that cannot be decoded is read from the log), and whether
+burst mode must wait (`held_back`)."""
 
 from __future__ import annotations
 
@@ -158,14 +159,12 @@ class PostgresReads(PostgresStoreBase):
         """Whether a run of `agents` and `queues` with a concurrency key is due but waits
         for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
         within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
-        params: dict[str, Any] = {
+        params = {
             "agents": list(dict.fromkeys(agents)),
             "queues": None if queues is None else list(dict.fromkeys(queues)),
+            "horizon_us": round(rate_horizon_s * 1e6),
         }
-        if self._one("keyed_held_back", params) is not None:
-            return True
-        params["horizon_us"] = round(rate_horizon_s * 1e6)
-        return self._one("rate_held_back", params) is not None
+        return self._one("held_back", params) is not None
 
 
 def _index_row(row: DictRow, run: Run | None = None) -> RunRow:

@@ -1,37 +1,31 @@
 """PostgreSQL: when an idle worker next has something to claim (ADR 0082).
 
-A mixin of `PostgresRunStore`:
+A mixin of `PostgresRunStore`: `next_due_in`, the seconds from the server's clock to the
+earliest due time (`available_at`) among the runs a worker may claim, by `steptrail_next_due`
+(migration 0037), a loose walk of the claim index: sleepers cost it nothing.
 
-* `next_due_in`: the seconds from the server's clock to the earliest due time
-  (`available_at`) among the runs a worker may claim, by `steptrail_next_due` (migration
-  0037), a loose walk of the claim index: sleepers cost it nothing.
-* `wake_here`: a write of this store that left a run queued wakes this process's idle worker
-  at once, as SQLite's does, instead of after the NOTIFY's trip through the server and the
-  listener thread (about a millisecond of enqueue -> start). The NOTIFY the same write sends
-  at commit still wakes every other process; this only comes first, after the commit, so a
-  worker woken here finds the run committed and claims it through the same fenced claim.
+A write of this store that left a run queued also wakes this process's idle worker at once
+(`wake_here`, shared with SQLite in `store_base.WakesIdleWorkers`), instead of after the
+NOTIFY's trip through the server and the listener thread (about a millisecond of enqueue ->
+start). The NOTIFY the same write sends at commit still wakes every other process; this only
+comes first, after the commit, so a worker woken here finds the run committed and claims it
+through the same fenced claim.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from psycopg.rows import DictRow
 
-from steptrail.domain.run import Run
-from steptrail.infrastructure.store_base import side_effects
-
 
 class _Store(Protocol):
-    _woken: threading.Event
-
     def _one(self, name: str, params: dict[str, Any]) -> DictRow | None: ...
 
 
 class PostgresWake:
-    """`next_due_in` and `wake_here` on PostgreSQL."""
+    """`next_due_in` on PostgreSQL."""
 
     def next_due_in(
         self: _Store, *, agents: Sequence[str], queues: Sequence[str] | None = None
@@ -47,8 +41,3 @@ class PostgresWake:
         )
         due = None if row is None else row["due_in_s"]
         return None if due is None else float(due)
-
-    def wake_here(self: _Store, run: Run) -> None:
-        """After a committed write of `run`: wake this process's idle worker if it is queued."""
-        if side_effects(run.state)[1]:
-            self._woken.set()

@@ -118,7 +118,8 @@ class PostgresWrites(PostgresReads):
                     conn.execute(self.q[name], params, prepare=True)
                     conn.execute(self.q["drop_saved_but_request"], {"run_id": run.id})
         run.mark_committed()
-        self.wake_here(run)
+        if params["notify"]:  # as `wake_here`, from the side effects already worked out
+            self._woken.set()
         return self._claimed(rows) if rows else []
 
     def append_statement(
@@ -170,22 +171,8 @@ class PostgresWrites(PostgresReads):
         params["notify"] = notify
         return params
 
-    def claim_batch(
-        self,
-        *,
-        holder: str,
-        lease_ms: int,
-        agents: Sequence[str],
-        limit: int,
-        queues: Sequence[str] | None = None,
-    ) -> list[ClaimedRun]:
-        request = ClaimRequest(
-            holder=holder,
-            lease_ms=lease_ms,
-            agents=tuple(agents),
-            limit=limit,
-            queues=None if queues is None else tuple(queues),
-        )
+    def _claim(self, request: ClaimRequest) -> list[ClaimedRun]:
+        """`claim_batch` (`store_base.Claims`): the `claim` statement, one round trip."""
         params = _claim_params(request, prefix="")
         with self._connection() as conn:
             if conn in self._claim_prepared:

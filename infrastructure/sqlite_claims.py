@@ -10,7 +10,6 @@ from uuid import UUID
 
 from steptrail.domain.ports import ClaimedRun, ClaimRequest
 from steptrail.domain.run import Run
-from steptrail.infrastructure.sqlite_keys import held_back
 from steptrail.infrastructure.sqlite_queues import pick as pick_claimable
 from steptrail.infrastructure.sqlite_reads import SQLiteReads
 from steptrail.infrastructure.store_base import (
@@ -24,22 +23,8 @@ from steptrail.infrastructure.store_base import (
 class SQLiteClaims(SQLiteReads):
     """Claims of `SQLiteRunStore` (see the module docstring)."""
 
-    def claim_batch(
-        self,
-        *,
-        holder: str,
-        lease_ms: int,
-        agents: Sequence[str],
-        limit: int,
-        queues: Sequence[str] | None = None,
-    ) -> list[ClaimedRun]:
-        request = ClaimRequest(
-            holder=holder,
-            lease_ms=lease_ms,
-            agents=tuple(agents),
-            limit=limit,
-            queues=None if queues is None else tuple(queues),
-        )
+    def _claim(self, request: ClaimRequest) -> list[ClaimedRun]:
+        """`claim_batch` (`store_base.Claims`): one write transaction."""
         with self._write() as (cur, at):
             rows = self._claim_rows(cur, at, request)
         return self._claimed(rows, request, at)
@@ -98,19 +83,3 @@ class SQLiteClaims(SQLiteReads):
             return ClaimedRun(run=run, request=bytes(row["request"] or b""), age_s=age_s)
 
         return skip_unreadable(claimed, rows)
-
-    def held_back(
-        self,
-        *,
-        agents: Sequence[str],
-        queues: Sequence[str] | None = None,
-        rate_horizon_s: float = 0.0,
-    ) -> bool:
-        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
-        for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
-        within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
-        with self._read() as cur:
-            names = tuple(dict.fromkeys(agents))
-            chosen = None if queues is None else tuple(queues)
-            horizon = round(rate_horizon_s * 1e6)
-            return held_back(cur, self.q, names, chosen, self.now_us(), horizon_us=horizon)

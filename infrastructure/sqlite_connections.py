@@ -35,10 +35,10 @@ from steptrail.infrastructure.schedules_store import SQLiteSchedules
 from steptrail.infrastructure.sqlite_signals import SQLiteSignals
 from steptrail.infrastructure.sqlite_wake import SQLiteWake
 from steptrail.infrastructure.store_base import (
-    ClaimsOne,
+    Claims,
     LookedPast,
+    WakesIdleWorkers,
     pending_entries,
-    side_effects,
 )
 
 BUSY_TIMEOUT_SECONDS = 30
@@ -409,7 +409,8 @@ class SQLiteStoreBase(
     SQLiteSignals,
     SQLiteChildren,
     SQLiteWake,
-    ClaimsOne,
+    Claims,
+    WakesIdleWorkers,
 ):
     """What every part of `SQLiteRunStore` shares: its attributes (set by its `__init__`), the
     store's clock, a read cursor and the wake-up of idle workers. The parts (reads, claims,
@@ -453,17 +454,3 @@ class SQLiteStoreBase(
 
     def store_now(self) -> datetime:
         return to_datetime(self.now_us()) or datetime.now(UTC)
-
-    # -- waking idle workers -------------------------------------------------------------------
-
-    def _wake_if_queued(self, run: Run) -> None:
-        if side_effects(run.state)[1]:
-            self._woken.set()
-
-    def wait_for_work(self, timeout: float) -> bool:
-        woken = self._woken.wait(timeout)
-        self._woken.clear()
-        return woken
-
-    def wake(self) -> None:
-        self._woken.set()

@@ -44,25 +44,3 @@ def pick_keyed(
             cur.execute(q["rotate_key"], {"key": key})
         rows += found
     return rows
-
-
-def held_back(
-    cur: sqlite3.Cursor,
-    q: Mapping[str, str],
-    agents: tuple[str, ...],
-    queues: tuple[str, ...] | None,
-    now: int,
-    *,
-    horizon_us: int = 0,
-) -> bool:
-    """Whether a due keyed run of `agents` and `queues` waits for a place, or one of them
-    sleeps on its rate limit and wakes within `horizon_us` (ADR 0083)."""
-    params = {
-        "agents": json.dumps(list(agents)),
-        "queues": None if queues is None else json.dumps(list(queues)),
-        "now": now,
-    }
-    if cur.execute(q["keyed_held_back"], params).fetchone() is not None:
-        return True
-    rate = {"agents": params["agents"], "queues": params["queues"], "until": now + horizon_us}
-    return cur.execute(q["rate_held_back"], rate).fetchone() is not None

@@ -1,9 +1,12 @@
 """The SQLite store's reads: one run, its row, saved bodies, journal and history, the stale
-scan, listings (ADR 0066: a row that cannot be decoded is read from the log)."""
+scan, listings (ADR 0066: a row that cannot be decoded is read from the log), and whether
+burst mode must wait (`held_back`)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -154,6 +157,26 @@ class SQLiteReads(SQLiteStoreBase):
         if row is None:
             return None
         return row["category"], to_datetime(row["purged_at"]) or datetime.now(UTC)
+
+    def held_back(
+        self,
+        *,
+        agents: Sequence[str],
+        queues: Sequence[str] | None = None,
+        rate_horizon_s: float = 0.0,
+    ) -> bool:
+        """Whether a run of `agents` and `queues` with a concurrency key is due but waits
+        for a place under its key's limit (ADR 0078), or sleeps on its rate limit and wakes
+        within `rate_horizon_s` (ADR 0083): burst mode waits for both."""
+        with self._read() as cur:
+            now = self.now_us()
+            params = {
+                "agents": json.dumps(list(dict.fromkeys(agents))),
+                "queues": None if queues is None else json.dumps(list(dict.fromkeys(queues))),
+                "now": now,
+                "until": now + round(rate_horizon_s * 1e6),
+            }
+            return cur.execute(self.q["held_back"], params).fetchone() is not None
 
 
 def _index_row(row: sqlite3.Row, run: Run | None = None) -> RunRow:

@@ -91,7 +91,7 @@ class SQLiteWrites(SQLiteClaims):
             # on a connection of its own.
             return self._run(existing)
         run.mark_committed()
-        self._wake_if_queued(run)
+        self.wake_here(run)
         return run
 
     def append(

@@ -15,7 +15,7 @@ from uuid import UUID
 from steptrail.domain.enums import RetryMode, RunStatus
 from steptrail.domain.errors import DomainError, StoreUnavailable, UnreadableRun
 from steptrail.domain.journal import JournalEntry
-from steptrail.domain.ports import ClaimedRun
+from steptrail.domain.ports import ClaimedRun, ClaimRequest
 from steptrail.domain.run import Run, RunEvent, RunState
 from steptrail.infrastructure.codec import encode_event, error_reason
 from steptrail.infrastructure.logging import steptrail_logger
@@ -212,8 +212,10 @@ def claimed_event(holder: str, lease_ms: int) -> tuple[str, bytes]:
     return encode_event(Run.Claimed(actor=holder, lease_ms=lease_ms))
 
 
-class ClaimsOne:
-    """`claim` as a batch of one, for stores whose `claim_batch` does the work."""
+class Claims:
+    """`claim_batch` and `claim` as both stores take them: the arguments become one
+    `ClaimRequest` (what a settle's claim also carries, ADR 0058), which the backend's
+    `_claim` serves in one transaction."""
 
     def claim_batch(
         self,
@@ -224,6 +226,16 @@ class ClaimsOne:
         limit: int,
         queues: Sequence[str] | None = None,
     ) -> list[ClaimedRun]:
+        request = ClaimRequest(
+            holder=holder,
+            lease_ms=lease_ms,
+            agents=tuple(agents),
+            limit=limit,
+            queues=None if queues is None else tuple(queues),
+        )
+        return self._claim(request)
+
+    def _claim(self, request: ClaimRequest) -> list[ClaimedRun]:
         raise NotImplementedError
 
     def claim(
@@ -238,6 +250,29 @@ class ClaimsOne:
             holder=holder, lease_ms=lease_ms, agents=agents, limit=1, queues=queues
         )
         return claimed[0] if claimed else None
+
+
+class WakesIdleWorkers:
+    """How both stores wake an idle worker of this process: an event that a write leaving a
+    run queued sets after its commit (`wake_here`), that a finished segment sets (`wake`) and
+    that the idle dispatcher waits on (`wait_for_work`). How other processes are woken is
+    each backend's own: SQLite shares the event between the stores of one database in a
+    process, PostgreSQL also LISTENs (its `wait_for_work` starts the listener first)."""
+
+    _woken: threading.Event
+
+    def wait_for_work(self, timeout: float) -> bool:
+        woken = self._woken.wait(timeout)
+        self._woken.clear()
+        return woken
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def wake_here(self, run: Run) -> None:
+        """After a committed write of `run`: wake this process's idle worker if it is queued."""
+        if side_effects(run.state)[1]:
+            self._woken.set()
 
 
 def side_effects(state: RunState) -> tuple[bool, bool]:

@@ -154,16 +154,10 @@ def acquire(
     try:
         while (wait := attempt(ctx, rate)) > 0:
             sleep(wait)
-        if step.marker is not None:
-            # A write tool's marker, now that it is granted (ADR 0083): fenced, so it also
-            # proves the run is still ours after any wait.
-            step = ctx.mark_pending(step)
-        elif rate.waited_s:
-            ctx.heartbeat()  # still ours after the wait? (a cancel may have come meanwhile)
+        return granted(ctx, step)
     except BaseException:
         step.probe.close()
         raise
-    return _granted(step)
 
 
 async def acquire_async(ctx: RunContext, threads: StoreThreads, step: LiveStep) -> LiveStep:
@@ -173,18 +167,26 @@ async def acquire_async(ctx: RunContext, threads: StoreThreads, step: LiveStep) 
     try:
         while (wait := await threads.call(attempt, ctx, rate)) > 0:
             await asyncio.sleep(wait)
-        if step.marker is not None:
-            step = await threads.call(ctx.mark_pending, step)
-        elif rate.waited_s:
-            await threads.call(ctx.heartbeat)
+        # Only a marker or a wait has a store call to make: else no hop to a store thread.
+        calls_store = step.marker is not None or rate.waited_s > 0
+        return await threads.call(granted, ctx, step) if calls_store else step
     except BaseException:
         step.probe.close()
         raise
-    return _granted(step)
 
 
-def _granted(step: LiveStep) -> LiveStep:
-    if step.rate is not None and step.rate.waited_s == 0:
+def granted(ctx: RunContext, step: LiveStep) -> LiveStep:
+    """`step` once its grant is given (on the thread that may call the store): a write
+    tool's marker appended (ADR 0083), fenced, so it also proves the run is still ours
+    after any wait; else, after a wait, a heartbeat for that proof (a cancel may have come
+    meanwhile). Its duration counts from the grant."""
+    rate = step.rate
+    assert rate is not None
+    if step.marker is not None:
+        step = ctx.mark_pending(step)
+    elif rate.waited_s:
+        ctx.heartbeat()
+    if rate.waited_s == 0:
         return step
     return replace(step, started=time.perf_counter())
 

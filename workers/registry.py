@@ -23,6 +23,7 @@ from steptrail.domain.rate_limits import (
     InvalidRateLimit,
     RateLimit,
     UnknownRateLimit,
+    check_estimate,
     check_name,
 )
 from steptrail.domain.run import RunEvent
@@ -583,13 +584,10 @@ def _check_run_limit(
             raise InvalidRateLimit("rate_limit_tokens= estimates a run's use: give rate_limit=")
         return
     check_name(name)
+    check_estimate(tokens, "rate_limit_tokens=")
     limit = defined.get(name)
     if limit is not None:
         limit.check_use(tokens)
-    elif tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
-        raise InvalidRateLimit(f"rate_limit_tokens= is a whole number, not {tokens!r}")
-    elif tokens is not None and tokens < 0:
-        raise InvalidRateLimit(f"rate_limit_tokens= is at least 0, not {tokens!r}")
 
 
 def _check_seconds(value: float | None, what: str) -> None:

@@ -39,14 +39,15 @@ def _nothing() -> None:
     return None
 
 
-def _gate(ctx: RunContext, spec: AgentSpec) -> tuple[str, str | None] | None:
-    """(the gate step's name, the limit to take or None to replay it), or None: no gate."""
+def _gate(ctx: RunContext, spec: AgentSpec) -> tuple[str, str | None, int | None] | None:
+    """The gate step's (name, limit, tokens): the limit and its estimate to take, or both
+    None to replay the journal's gate; None: no gate."""
     upcoming = ctx._journal.upcoming()
     if upcoming is not None:
-        return (upcoming.name, None) if upcoming.kind == GATE_KIND else None
+        return (upcoming.name, None, None) if upcoming.kind == GATE_KIND else None
     if ctx._journal.recorded or spec.rate_limit is None:
         return None
-    return spec.rate_limit, spec.rate_limit
+    return spec.rate_limit, spec.rate_limit, spec.rate_limit_tokens
 
 
 def admit(ctx: RunContext, spec: AgentSpec) -> None:
@@ -58,8 +59,7 @@ def admit(ctx: RunContext, spec: AgentSpec) -> None:
     """
     gate = _gate(ctx, spec)
     if gate is not None:
-        name, limit = gate
-        tokens = spec.rate_limit_tokens if limit is not None else None
+        name, limit, tokens = gate
         ctx.step(GATE_KIND, name, _nothing, limit=limit, tokens=tokens)
         ctx._journal.opened()  # an agent resuming by hand may still skip ahead
 
@@ -68,7 +68,6 @@ async def admit_async(ctx: AsyncRunContext, spec: AgentSpec) -> None:
     """`admit` for an async agent: its tries on a store thread, its waits awaited."""
     gate = _gate(ctx.core, spec)
     if gate is not None:
-        name, limit = gate
-        tokens = spec.rate_limit_tokens if limit is not None else None
+        name, limit, tokens = gate
         await ctx.step(GATE_KIND, name, _nothing, limit=limit, tokens=tokens)
         ctx.core._journal.opened()

@@ -258,26 +258,26 @@ CROSS JOIN LATERAL steptrail_claimed_journal(
     (c.run).run_id, ((c.run).doc ->> 'steps')::bigint
 ) AS j
 ORDER BY (c.run).run_id;
--- name: keyed_held_back
--- Whether a keyed run of these agents and queues is due but not claimed (held back by its
--- key's limit): burst mode does not end while one is (ADR 0078).
-SELECT 1 AS held FROM steptrail_runs
-WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= now()
-  AND agent = ANY(%(agents)s::text[])
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-LIMIT 1;
-
--- name: rate_held_back
--- Whether a run of these agents and queues sleeps on its rate limit's timer (ADR 0080) and
--- wakes within %(horizon_us)s microseconds: burst mode does not end while one does (ADR 0083).
-SELECT 1 AS held FROM steptrail_runs
-WHERE agent = ANY(%(agents)s::text[])
-  AND available_at IS NOT NULL
-  AND available_at <= now() + %(horizon_us)s::bigint * interval '1 microsecond'
-  AND status = 'waiting_for_timer'
-  AND left(doc -> 'waiting' ->> 'name', 11) = 'rate_limit:'
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-LIMIT 1;
+-- name: held_back
+-- Whether burst mode must not end yet: a keyed run of these agents and queues is due but not
+-- claimed (held back by its key's limit, ADR 0078), or one sleeps on its rate limit's timer
+-- (ADR 0080) and wakes within %(horizon_us)s microseconds (ADR 0083). One statement, two
+-- uncorrelated EXISTS: each an InitPlan with the plan it had as a query of its own, run
+-- when the OR first needs it, so the second only when the first finds nothing.
+SELECT 1 AS held WHERE EXISTS (
+    SELECT 1 FROM steptrail_runs
+    WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= now()
+      AND agent = ANY(%(agents)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+) OR EXISTS (
+    SELECT 1 FROM steptrail_runs
+    WHERE agent = ANY(%(agents)s::text[])
+      AND available_at IS NOT NULL
+      AND available_at <= now() + %(horizon_us)s::bigint * interval '1 microsecond'
+      AND status = 'waiting_for_timer'
+      AND left(doc -> 'waiting' ->> 'name', 11) = 'rate_limit:'
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+);
 
 -- name: select_run
 SELECT * FROM steptrail_runs WHERE run_id = %(run_id)s;

@@ -205,27 +205,27 @@ UPDATE steptrail_concurrency_keys
 SET last_served = (SELECT coalesce(max(last_served), 0) + 1 FROM steptrail_concurrency_keys)
 WHERE key = :key;
 
--- name: keyed_held_back
--- Whether a keyed run of these agents and queues is due but not claimed (held back by its
--- key's limit): burst mode does not end while one is (ADR 0078).
-SELECT 1 FROM steptrail_runs INDEXED BY steptrail_runs_keyed_idx
-WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= :now
-  AND agent IN (SELECT value FROM json_each(:agents))
-  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
-LIMIT 1;
-
--- name: rate_held_back
--- Whether a run of these agents and queues sleeps on its rate limit's timer (ADR 0080) and
--- wakes by :until: burst mode does not end while one does (ADR 0083). The waiting name is
--- compared by prefix with substr, not LIKE (which ignores case in SQLite). The planner
--- takes the status index (status, agent, ...): only the agents' timer sleepers are read.
-SELECT 1 FROM steptrail_runs
-WHERE agent IN (SELECT value FROM json_each(:agents))
-  AND available_at IS NOT NULL AND available_at <= :until
-  AND status = 'waiting_for_timer'
-  AND substr(json_extract(doc, '$.waiting.name'), 1, 11) = 'rate_limit:'
-  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
-LIMIT 1;
+-- name: held_back
+-- Whether burst mode must not end yet: a keyed run of these agents and queues is due but not
+-- claimed (held back by its key's limit, ADR 0078), or one sleeps on its rate limit's timer
+-- (ADR 0080) and wakes by :until (ADR 0083). One statement, two EXISTS, each with the plan
+-- it had as a query of its own: the first on the keyed index; the second on the status
+-- index (status, agent, ...), so only the agents' timer sleepers are read, and it runs only
+-- when the first finds nothing (OR in a WHERE is a jump). The waiting name is compared by
+-- prefix with substr, not LIKE (which ignores case in SQLite).
+SELECT 1 WHERE EXISTS (
+    SELECT 1 FROM steptrail_runs INDEXED BY steptrail_runs_keyed_idx
+    WHERE concurrency_limit IS NOT NULL AND available_at IS NOT NULL AND available_at <= :now
+      AND agent IN (SELECT value FROM json_each(:agents))
+      AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+) OR EXISTS (
+    SELECT 1 FROM steptrail_runs
+    WHERE agent IN (SELECT value FROM json_each(:agents))
+      AND available_at IS NOT NULL AND available_at <= :until
+      AND status = 'waiting_for_timer'
+      AND substr(json_extract(doc, '$.waiting.name'), 1, 11) = 'rate_limit:'
+      AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+);
 
 -- name: claim_rows
 -- SQLite only: the Claimed fold as column updates (PostgreSQL's claim does this in its one
