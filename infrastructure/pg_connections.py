@@ -6,9 +6,10 @@ domain errors, LISTEN/NOTIFY wake-ups, and `PostgresStoreBase`, the attributes e
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -40,6 +41,7 @@ JOURNAL_COLUMNS = ("seq", "position", "kind", "name", "fingerprint", "outcome")
 RESTORED = "renumber_restored_log_positions"
 _NO_ENTRY = dict.fromkeys(JOURNAL_COLUMNS)  # an append without a journal entry: NULLs
 FENCE_SQLSTATE = "ST409"  # steptrail_append: the run is not at the expected version
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 # psycopg_pool's PoolTimeout and PoolClosed are OperationalErrors.
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 # Ours is the `eventsourcing` library's setting, kept when its datastore was dropped (ADR
@@ -138,6 +140,134 @@ def make_pool(kwargs: Mapping[str, Any], pool_size: int) -> ConnectionPool[Any]:
         pool.close()
         raise
     return pool
+
+
+# How long a thread keeps the connection it pinned before handing it back to the pool at
+# its next use (and taking another): the pool's own lifetime and drain then apply to it.
+PIN_LIFETIME_S = 10 * 60.0
+
+
+class _Pin:
+    """The connection one thread keeps (None until its first use, or after one went back),
+    and the lock its use holds: a use nested in another, or `close` meanwhile, takes a
+    connection of the pool instead."""
+
+    __slots__ = ("conn", "until", "using")
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[DictRow] | None = None
+        self.until = 0.0
+        self.using = threading.Lock()
+
+
+class PinnedPool:
+    """The pool, where a thread that asked to (`pin`: a worker's dispatcher and its slot
+    threads) keeps the connection it took instead of checking one out and back for every
+    statement (ADR 0088). At most `most` threads keep one, so the pool's other users (the
+    lease keeper, async runs' store threads, the reaper) still find `max_size - most`.
+
+    A kept connection is used as a checked-out one is: each use is the pool's `connection()`
+    context (commit on success, rollback on error: both nothing on an idle autocommit
+    connection). It goes back to the pool, which drops a broken one and makes a new one, or
+    rolls back one left in a transaction, whenever a use leaves it anything but idle (a lost
+    connection fails that statement with StoreUnavailable, and the next use takes another
+    connection: reconnecting as the pool does), after `PIN_LIFETIME_S`, when its thread
+    unpins, and when the store closes.
+    """
+
+    def __init__(self, pool: ConnectionPool[Any], most: int) -> None:
+        self.pool = pool
+        self._most = most
+        self._local = threading.local()
+        self._pins: dict[threading.Thread, _Pin] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def pin(self) -> bool:
+        """Let the calling thread keep a connection from its next use on, until it calls
+        `unpin`; False (nothing kept) if `most` threads already do. A pin of a thread that
+        ended without unpinning goes back to the pool here and in `unpin`."""
+        with self._lock:
+            self._sweep()
+            if getattr(self._local, "pin", None) is not None:
+                return True
+            if self._closed or len(self._pins) >= self._most:
+                return False
+            pin = self._local.pin = _Pin()
+            self._pins[threading.current_thread()] = pin
+            return True
+
+    def unpin(self) -> None:
+        """The calling thread's connection back to the pool; it checks out from now on."""
+        with self._lock:
+            pin = getattr(self._local, "pin", None)
+            self._local.pin = None
+            if pin is not None:
+                self._pins.pop(threading.current_thread(), None)
+                self._give_back(pin)
+            self._sweep()
+
+    def _sweep(self) -> None:
+        for thread in [t for t in self._pins if not t.is_alive()]:
+            self._give_back(self._pins.pop(thread))
+
+    def _give_back(self, pin: _Pin) -> None:
+        """`pin`'s connection back to the pool, unless a use holds it (that use gives it
+        back when it ends: it finds the pin dropped or the store closed)."""
+        if pin.using.acquire(blocking=False):
+            try:
+                conn, pin.conn = pin.conn, None
+                if conn is not None:
+                    self.pool.putconn(conn)
+            finally:
+                pin.using.release()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[DictRow]]:
+        pin: _Pin | None = getattr(self._local, "pin", None)
+        if pin is None or self._closed or not pin.using.acquire(blocking=False):
+            with self.pool.connection() as conn:
+                yield conn
+            return
+        try:
+            conn = pin.conn
+            if conn is None:
+                conn = pin.conn = self.pool.getconn()
+                pin.until = time.monotonic() + PIN_LIFETIME_S
+            failed = True
+            try:
+                yield conn
+                failed = False
+            finally:
+                if conn.info.transaction_status != _IDLE:
+                    # As the pool's connection() would on its way out: commit or roll back
+                    # (or nothing, on a closed connection); then back to the pool.
+                    pin.conn = None
+                    try:
+                        if conn.closed:
+                            pass
+                        elif not failed:
+                            conn.commit()
+                        else:
+                            with suppress(psycopg.Error):  # the error on its way out wins
+                                conn.rollback()
+                    finally:
+                        self.pool.putconn(conn)
+                elif self._closed or time.monotonic() >= pin.until:
+                    pin.conn = None
+                    self.pool.putconn(conn)
+        finally:
+            pin.using.release()
+        if self._closed or getattr(self._local, "pin", None) is not pin:
+            self._give_back(pin)  # closed or unpinned meanwhile: see `_give_back`
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for pin in self._pins.values():
+                self._give_back(pin)
+            self._pins.clear()
+        self.pool.close()
 
 
 class OneConnection:

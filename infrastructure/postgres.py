@@ -35,6 +35,7 @@ from steptrail.infrastructure.pg_connections import (
     JOURNAL_COLUMNS,
     RESTORED,
     OneConnection,
+    PinnedPool,
     _claim_params,
     _connect,
     _Connections,
@@ -56,6 +57,7 @@ __all__ = [
     "JOURNAL_COLUMNS",
     "RESTORED",
     "OneConnection",
+    "PinnedPool",
     "PostgresRunStore",
     "_claim_params",
     "connect_kwargs",
@@ -103,11 +105,26 @@ class PostgresRunStore(PostgresBulk, PostgresReporting):
                 # One plain connection first, for the same words: the pool would only time
                 # out.
                 psycopg.connect(url, connect_timeout=5).close()
-                self._connections = make_pool(kwargs, pool_size)
+                self._connections = PinnedPool(make_pool(kwargs, pool_size), most=pool_size)
         except _CONNECTION_ERRORS as e:
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {_first_line(e)}") from e
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def pin_connection(self) -> bool:
+        """Let the calling thread keep the pool's connection it takes next, for its later
+        statements too, until `unpin_connection` (ADR 0088): a worker's dispatcher and slot
+        threads do, to skip a checkout and return per statement. False if the store keeps
+        one connection (one-shot) or `pool_size` threads already keep one."""
+        connections = self._connections
+        return isinstance(connections, PinnedPool) and connections.pin()
+
+    def unpin_connection(self) -> None:
+        """Hand the calling thread's kept connection back to the pool (and those of threads
+        that ended without doing so)."""
+        connections = self._connections
+        if isinstance(connections, PinnedPool):
+            connections.unpin()
 
     def close(self) -> None:
         self._closed.set()

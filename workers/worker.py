@@ -147,8 +147,31 @@ class Worker:
         self.log.info(
             "worker_started", concurrency=self.concurrency, agents=agents, queues=self.queues
         )
+        # The dispatcher and each slot's thread keep a connection of the store's, where it
+        # has them (PostgreSQL's pool, ADR 0088): no checkout and return per statement.
+        pin: Callable[[], bool] = getattr(self.store, "pin_connection", _nothing_pinned)
+        pin()
+        try:
+            self._dispatch(executor, agents, lease_ms, pin)
+        finally:
+            unpin = getattr(self.store, "unpin_connection", None)
+            if unpin is not None:
+                unpin()  # the slot threads' too: they ended with the pool
+        self._stop_own_loop()
+        self._threads.close()
+        keeper.close()
+        self.log.info("worker_stopped", **self.report.as_dict())
+        return self.report
+
+    def _dispatch(
+        self, executor: Executor, agents: list[str], lease_ms: int, pin: Callable[[], bool]
+    ) -> None:
+        """Claim for the free slots and hand the runs on, until stopped (or, in burst mode,
+        until nothing is left); then wait for every run in flight."""
         backoff = 0.1
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="steptrail-run") as pool:
+        with ThreadPoolExecutor(
+            self.concurrency, thread_name_prefix="steptrail-run", initializer=pin
+        ) as pool:
             while not self.stopping.is_set():
                 with self._slot_freed:
                     free = self.concurrency - self._in_flight
@@ -215,11 +238,6 @@ class Worker:
             with self._slot_freed:
                 while self._in_flight:
                     self._slot_freed.wait(0.5)
-        self._stop_own_loop()
-        self._threads.close()
-        keeper.close()
-        self.log.info("worker_stopped", **self.report.as_dict())
-        return self.report
 
     def _wait_idle(self, agents: Sequence[str]) -> None:
         """Wait until the store wakes this worker or `_idle_wait` passes."""
@@ -410,6 +428,10 @@ class Worker:
         if not loop.is_running():
             loop.close()
         self._own_loop, self._loop = None, None
+
+
+def _nothing_pinned() -> bool:
+    return False
 
 
 def _request_of(claimed: ClaimedRun) -> dict[str, Any]:

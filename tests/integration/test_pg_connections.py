@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -15,6 +16,9 @@ import pytest
 from steptrail.domain.errors import StoreUnavailable
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.postgres import PostgresRunStore
+from tests.conftest import make_runtime
+
+T = TypeVar("T")
 
 
 def backends(url: str) -> set[int]:
@@ -158,3 +162,188 @@ def test_an_unreachable_server_is_named_by_a_one_shot_store_as_by_a_pooled_one()
     for one_shot in (True, False):
         with pytest.raises(StoreUnavailable, match=r"cannot connect to PostgreSQL: .*refused"):
             open_store(url, one_shot=one_shot)
+
+
+# -- a connection kept by a thread of the pooled store (ADR 0088) ---------------------------
+
+
+@pytest.fixture
+def pooled(pg_url: str) -> Iterator[PostgresRunStore]:
+    store = open_store(pg_url, pool_size=2)
+    assert isinstance(store, PostgresRunStore)
+    yield store
+    store.close()
+
+
+def in_thread(fn: Callable[[], T]) -> T:
+    """`fn()` on a thread of its own, which ends before this returns."""
+    out: list[T] = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join(timeout=30)
+    assert len(out) == 1
+    return out[0]
+
+
+def test_a_pinned_thread_keeps_one_connection_and_an_unpinned_one_checks_out(
+    pooled: PostgresRunStore,
+) -> None:
+    """A thread that pinned sends every statement on the one connection it took; a use
+    nested in another takes another connection of the pool, and the kept one stays."""
+    unpinned = {pid_of(pooled) for _ in range(4)}
+    assert len(unpinned) == 2  # the pool hands its connections out in turn
+    assert pooled.pin_connection()
+    try:
+        kept = pid_of(pooled)
+        assert {pid_of(pooled) for _ in range(4)} == {kept}
+        with pooled._connection():
+            assert pid_of(pooled) != kept
+        assert pid_of(pooled) == kept
+    finally:
+        pooled.unpin_connection()
+    assert len({pid_of(pooled) for _ in range(4)}) == 2
+
+
+def test_at_most_pool_size_threads_pin_and_an_ended_thread_gives_its_connection_back(
+    pooled: PostgresRunStore,
+) -> None:
+    """Two of three threads may pin in a pool of two (the third checks out as before); a
+    thread that ended without unpinning has its connection returned at the next pin or
+    unpin, and the pool serves it again."""
+    release = threading.Event()
+    pinned: list[bool] = []
+    lock = threading.Lock()
+
+    def pin_and_wait() -> None:
+        ok = pooled.pin_connection()
+        with lock:
+            pinned.append(ok)
+        pid_of(pooled)
+        release.wait(30)
+
+    threads = [threading.Thread(target=pin_and_wait) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for _ in range(200):
+        if len(pinned) == 2:
+            break
+        time.sleep(0.05)
+    assert pinned == [True, True]
+    assert not in_thread(pooled.pin_connection)  # a third: the two places are taken
+    release.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert pooled.pin_connection()  # the ended threads' places and connections are back
+    pooled.unpin_connection()
+    stats = pooled._connections.pool.get_stats()  # type: ignore[attr-defined]
+    assert stats["pool_available"] == stats["pool_size"]
+
+
+def test_a_pinned_connection_the_server_dropped_fails_its_statement_and_is_replaced(
+    pooled: PostgresRunStore, pg_url: str
+) -> None:
+    """As with a checked-out connection (no check per use): the statement on a dropped
+    kept connection raises StoreUnavailable, the connection goes back to the pool (which
+    drops it), and the thread's next statement takes and keeps another."""
+    assert pooled.pin_connection()
+    try:
+        kept = pid_of(pooled)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (kept,))
+        assert gone(pg_url, {kept})
+        with pytest.raises(StoreUnavailable):
+            pid_of(pooled)
+        again = pid_of(pooled)
+        assert again != kept
+        assert pid_of(pooled) == again
+        assert pooled.pending_migrations() == []
+    finally:
+        pooled.unpin_connection()
+
+
+def test_a_transaction_left_by_a_pinned_use_ends_as_the_pool_ends_it(
+    pooled: PostgresRunStore,
+) -> None:
+    """A use that leaves its connection in a transaction has it committed (or, on an error,
+    rolled back), as the pool's connection() does, and the connection goes back to the
+    pool; the thread's next use starts idle."""
+
+    def fail_in_a_transaction() -> None:
+        with pooled._connection() as conn:
+            conn.autocommit = False
+            conn.execute("CREATE TEMPORARY TABLE kept_rolled_back (x int)")
+            raise RuntimeError("the caller failed")
+
+    assert pooled.pin_connection()
+    try:
+        with pooled._connection() as conn:
+            conn.autocommit = False
+            conn.execute("CREATE TEMPORARY TABLE kept_left_open (x int)")
+        with pytest.raises(RuntimeError):
+            fail_in_a_transaction()
+        for _ in range(3):  # whichever connection each use gets
+            with pooled._connection() as conn:
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                row = conn.execute(
+                    "SELECT to_regclass('pg_temp.kept_rolled_back') IS NULL AS gone"
+                ).fetchone()
+                assert row is not None
+                assert row["gone"]
+    finally:
+        pooled.unpin_connection()
+
+
+def test_closing_while_a_pinned_connection_is_in_use_closes_it_on_return(
+    pooled: PostgresRunStore, pg_url: str
+) -> None:
+    taken, release = threading.Event(), threading.Event()
+    pids: list[int] = []
+
+    def hold() -> None:
+        assert pooled.pin_connection()
+        pid_of(pooled)
+        with pooled._connection() as conn:
+            row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+            assert row is not None
+            pids.append(int(row["pid"]))
+            taken.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert taken.wait(30)
+    pooled.close()
+    assert pids[0] in backends(pg_url)
+    release.set()
+    thread.join(timeout=30)
+    assert gone(pg_url, {pids[0]})
+    with pytest.raises(StoreUnavailable):
+        pid_of(pooled)
+
+
+def test_a_worker_pins_while_it_works_and_gives_every_connection_back(pg_url: str) -> None:
+    """A worker's dispatcher and slot threads keep connections while it runs (at most the
+    pool's size), and none is kept once it stopped."""
+    rt = make_runtime(pg_url)
+    try:
+        store = rt.store
+        assert isinstance(store, PostgresRunStore)
+        pins = store._connections._pins  # type: ignore[attr-defined]
+        most: list[int] = []
+        original = store.append
+
+        def append(run: Any, **kwargs: Any) -> Any:
+            most.append(len(pins))
+            return original(run, **kwargs)
+
+        store.append = append  # type: ignore[method-assign]
+        for _ in range(12):
+            rt.enqueue("scripted", {"steps": 1})
+        report = rt.work(concurrency=3, burst=True)
+        assert report.outcomes.get("completed") == 12
+        assert 2 <= max(most) <= 4  # the dispatcher and slots; at most pool_size (4)
+        assert not pins
+        stats = store._connections.pool.get_stats()  # type: ignore[attr-defined]
+        assert stats["pool_available"] == stats["pool_size"]
+    finally:
+        rt.close()

@@ -57,6 +57,32 @@ def test_create__saves_request_and_is_claimable_at_once(store: Any) -> None:
     assert claimed.run.state.claim_version == 2
 
 
+def test_claim__the_claimed_run_is_the_stored_one_and_its_age_the_stores(store: Any) -> None:
+    """What a claim returns is the whole run, as a read of it finds it just after, with its
+    saved request; its age is from its creation to the claim, by the store's clock; and the
+    settle's claim (ADR 0058) returns the same."""
+    first = queued(store, key="k-1", body=b'{"n": 1}')
+    queued(store, agent="a")
+    time.sleep(0.2)
+    claimed = store.claim(holder="w", lease_ms=60_000, agents=AGENTS)
+    assert claimed is not None
+    assert claimed.run.id == first.id
+    assert claimed.run.state == store.load(first.id).state
+    assert claimed.run.state.idempotency_key == "k-1"
+    assert claimed.run.committed_version == 2
+    assert claimed.request == b'{"n": 1}'
+    assert 0.2 <= claimed.age_s < 30
+    run = claimed.run
+    run.complete(result={"ok": True})
+    (chained,) = store.append(
+        run, then_claim=ClaimRequest(holder="w2", lease_ms=60_000, agents=tuple(AGENTS))
+    )
+    assert chained.run.state == store.load(chained.run.id).state
+    assert chained.run.state.holder == "w2"
+    assert chained.request == b"{}"
+    assert 0.2 <= chained.age_s < 30
+
+
 def test_create__idempotency_key_returns_existing_run(store: Any) -> None:
     """A second enqueue with the same key returns the first run and writes nothing."""
     first = queued(store, key="k")
