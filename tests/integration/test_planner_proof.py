@@ -171,6 +171,10 @@ CLAIM_MARKER = "WITH RECURSIVE clock AS MATERIALIZED"
 CLAIM_INDEX = "steptrail_runs_claim_idx"
 # Keyed runs' index (ADR 0078): walked per key the claim visits, never otherwise.
 KEYED_INDEX = "steptrail_runs_keyed_idx"
+# Keyed runs claimable now or later by (agent, queue, available_at): an idle worker's wait
+# (ADR 0087), never the claim.
+KEYED_DUE_INDEX = "steptrail_runs_keyed_due_idx"
+KEYED_RECENT = 32  # the latest due keyed runs steptrail_next_due looks at (migration 0038)
 
 
 def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -393,10 +397,14 @@ def test_pg_next_due__reads_one_entry_per_level_whatever_sleeps(pg_fresh: str, s
     assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
     (inner,) = [p["Plan"] for p in plans if NEXT_DUE_MARKER in p["Query Text"]]
     scans = _scans_of_runs(inner)
-    assert scans
-    assert all(n.get("Index Name") == CLAIM_INDEX for n in scans), scans
+    plain = [n for n in scans if n.get("Index Name") == CLAIM_INDEX]
+    assert plain
+    # The keyed part (ADR 0087) walks its own index, and here finds no keyed run at all.
+    keyed = [n for n in scans if n not in plain]
+    assert all(n.get("Index Name") == KEYED_DUE_INDEX for n in keyed), keyed
+    assert sum(_read(n) for n in keyed) == 0, keyed
     assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), scans
-    for n in scans:  # at most one entry per loop: a descent, never a walk of the sleepers
+    for n in plain:  # at most one entry per loop: a descent, never a walk of the sleepers
         assert _read(n) <= int(n.get("Actual Loops", 1)), n
     assert _buffers(inner) <= 200
 
@@ -405,9 +413,10 @@ KEYS = 2_000  # keys with runs to take, five each
 FULL_KEYS = 1_000  # keys whose two places are taken, with a backlog of five each
 
 
-def _pg_fill_keyed(conn: psycopg.Connection[Any]) -> None:
+def _pg_fill_keyed(conn: psycopg.Connection[Any], *, free_due: bool = True) -> None:
     """Keyed runs of agent a (limit 2 per key), through the run index's triggers: KEYS keys
-    with five due runs each, FULL_KEYS keys with two running and five due, and sleepers."""
+    with five due runs each (not if `free_due` is false), FULL_KEYS keys with two running
+    and five due, and sleepers (five per key of KEYS, in an hour)."""
     insert = (
         "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
         " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
@@ -420,7 +429,9 @@ def _pg_fill_keyed(conn: psycopg.Connection[Any]) -> None:
         " FROM generate_series(1, %(n)s) AS g"
     )
     for prefix, status, n, keys, at in (
-        ("k:", "queued", 5 * KEYS, KEYS, -10_000),  # before the plain backlog
+        *(
+            [("k:", "queued", 5 * KEYS, KEYS, -10_000)] if free_due else []
+        ),  # before the plain backlog
         ("full:", "running", 2 * FULL_KEYS, FULL_KEYS, 0),
         ("full:", "queued", 5 * FULL_KEYS, FULL_KEYS, -20_000),
         ("k:", "waiting_for_timer", 5 * KEYS, KEYS, 3600),
@@ -459,6 +470,53 @@ def test_pg_claim__keyed_runs_cost_their_batch(pg_fresh: str, state: str) -> Non
     assert _read(walk) <= 2 * LIMIT  # each key's free places, not its backlog
     assert _buffers(walk) <= int(walk["Actual Loops"]) * 6 + 20
     assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") for n in _nodes(inner))
+
+
+@pytest.mark.parametrize("free_due", [False, True], ids=["held_back", "free_due"])
+@pytest.mark.parametrize("analysed", [False, True], ids=["live", "analysed"])
+def test_pg_next_due__keyed_runs_cost_a_bounded_walk(
+    pg_fresh: str, analysed: bool, free_due: bool
+) -> None:
+    """An idle worker's due-time read over thousands of keyed runs (ADR 0087): with every
+    due keyed run held back by its full key, the answer is the sleepers' hour (the held-back
+    runs do not count), and the read looks at no more than the latest KEYED_RECENT due runs
+    and their keys, one descent for the sleepers, never the held-back backlog; with keys
+    that have a free place and due runs, the answer is at most zero. The claim's own index
+    is not read for keyed runs, the keyed one not at all."""
+    with psycopg.connect(pg_fresh, autocommit=True, row_factory=dict_row) as conn:
+        _pg_fill_keyed(conn, free_due=free_due)
+        if analysed:
+            conn.execute("ANALYZE steptrail_runs")
+            conn.execute("ANALYZE steptrail_concurrency_keys")
+        got: dict[str, Any] = {}
+        next_due = queries("postgres")["next_due"]
+
+        def run() -> None:
+            got.update(conn.execute(next_due, {"agents": ["a"], "queues": None}).fetchone())
+
+        plans = _plans(conn, run)
+    if free_due:
+        assert got["due_in_s"] <= 0
+    else:
+        assert 3600 - 60 < got["due_in_s"] <= 3601  # the sleepers' hour, from their insert
+    (inner,) = [p["Plan"] for p in plans if NEXT_DUE_MARKER in p["Query Text"]]
+    scans = _scans_of_runs(inner)
+    keyed = [n for n in scans if n.get("Index Name") == KEYED_DUE_INDEX]
+    assert keyed
+    assert all(n.get("Index Name") in (CLAIM_INDEX, KEYED_DUE_INDEX) for n in scans), scans
+    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), scans
+    assert sum(_read(n) for n in keyed) <= KEYED_RECENT + 4, keyed
+    key_rows = [
+        n
+        for n in _nodes(inner)
+        if n.get("Relation Name") == "steptrail_concurrency_keys"
+        and n["Node Type"].endswith("Scan")
+    ]
+    assert all(n.get("Index Name") == "steptrail_concurrency_keys_pkey" for n in key_rows)
+    assert sum(int(n.get("Actual Loops", 0)) for n in key_rows) <= KEYED_RECENT
+    # A few pages per entry looked at and per key row read, not the pages of the 5,000
+    # held-back runs (and 10,000 due ones) behind them.
+    assert _buffers(inner) <= 20 * KEYED_RECENT
 
 
 # -- SQLite ------------------------------------------------------------------------------------
