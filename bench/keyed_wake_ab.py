@@ -11,7 +11,8 @@ alternate A, B, A, B, so the machine's drift (2 cores shared) falls on both.
 
 * **Claim**: `--samples` claims of one run each against `--backlog` queued keyed runs over
   `--keys` keys (loaded by `keys.load_backlog`, one INSERT through the triggers, then
-  analysed), as `bench/keys.py` does; p50 per round.
+  analysed), as `bench/keys.py` does; both databases open side by side and their claims
+  alternated in blocks of ten; p50 per round.
 * **Drain**: `--runs` keyed runs over `--drain-keys` keys enqueued by `enqueue_many` and
   drained by one burst worker of `--concurrency` slots (`keys.drain`'s loop): runs/s. The
   enqueue writes the index's entries; the claim takes them out of it.
@@ -51,21 +52,33 @@ def drop_index(rt: Any) -> None:
         conn.execute(f"DROP INDEX {INDEX}")
 
 
-def claim_p50(url: str, with_index: bool, args: argparse.Namespace) -> float:
-    with open_runtime(bench_app(args.limit), url=url, log_level="warning") as rt:
-        if not with_index:
-            drop_index(rt)
-        load_backlog(rt, args.backlog, args.keys, args.limit)
-        timings: list[float] = []
-        for _ in range(args.samples):
-            started = time.perf_counter()
-            claimed = rt.store.claim_batch(
-                holder="bench:ab", lease_ms=600_000, agents=["noop"], limit=1
-            )
-            timings.append(time.perf_counter() - started)
-            if len(claimed) != 1:
-                raise SystemExit(f"a claim took {len(claimed)} runs, not 1")
-    return 1000 * statistics.median(timings)
+def claim_p50s(with_url: str, without_url: str, args: argparse.Namespace) -> dict[str, float]:
+    """Claim p50 on both databases, open side by side, their claims alternated in blocks of
+    ten (`--samples` each), so that the machine's drift falls on both alike."""
+    runtimes = {
+        "with": open_runtime(bench_app(args.limit), url=with_url, log_level="warning"),
+        "without": open_runtime(bench_app(args.limit), url=without_url, log_level="warning"),
+    }
+    try:
+        drop_index(runtimes["without"])
+        for rt in runtimes.values():
+            load_backlog(rt, args.backlog, args.keys, args.limit)
+        timings: dict[str, list[float]] = {side: [] for side in runtimes}
+        for block in range(args.samples // 10):
+            for side in ("with", "without") if block % 2 == 0 else ("without", "with"):
+                store = runtimes[side].store
+                for _ in range(10):
+                    started = time.perf_counter()
+                    claimed = store.claim_batch(
+                        holder="bench:ab", lease_ms=600_000, agents=["noop"], limit=1
+                    )
+                    timings[side].append(time.perf_counter() - started)
+                    if len(claimed) != 1:
+                        raise SystemExit(f"a claim took {len(claimed)} runs, not 1")
+    finally:
+        for rt in runtimes.values():
+            rt.close()
+    return {side: 1000 * statistics.median(values) for side, values in timings.items()}
 
 
 def drain_rate(url: str, with_index: bool, args: argparse.Namespace) -> float:
@@ -94,11 +107,13 @@ def measure(backend: str, args: argparse.Namespace, folder: Path) -> dict[str, A
     dbs = Databases(backend, args.pg, folder)
     try:
         for n in range(args.rounds):
+            for side, p50 in claim_p50s(dbs.new(), dbs.new(), args).items():
+                sides[side]["claim_p50_ms"].append(p50)
             order = ("with", "without") if n % 2 == 0 else ("without", "with")
             for side in order:
-                figures = sides[side]
-                figures["claim_p50_ms"].append(claim_p50(dbs.new(), side == "with", args))
-                figures["enqueue_drain_runs_s"].append(drain_rate(dbs.new(), side == "with", args))
+                sides[side]["enqueue_drain_runs_s"].append(
+                    drain_rate(dbs.new(), side == "with", args)
+                )
             print(f"{backend}: round {n + 1} done", file=sys.stderr)
     finally:
         dbs.drop()

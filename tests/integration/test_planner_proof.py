@@ -30,6 +30,7 @@ from steptrail.domain.ports import ClaimRequest
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.sqlfiles import queries
 from steptrail.infrastructure.sqlite_queues import pick
+from steptrail.infrastructure.sqlite_wake import _keyed_due
 from tests.conftest import PG_ADMIN_URL, _url_for
 
 LIMIT = 16
@@ -695,9 +696,10 @@ def test_sqlite_claim__levels_first_and_sleepers_cost_nothing(
     assert many <= few * 1.2 + 50, (few, many)
 
 
-def _add_keyed(conn: sqlite3.Connection, keys: int) -> None:
-    """`keys` keys of agent a (limit 2) with five due runs each and as many sleepers, and
-    `keys` full keys (two running, five due), through the run index's triggers."""
+def _add_keyed(conn: sqlite3.Connection, keys: int, *, free_due: bool = True) -> None:
+    """`keys` keys of agent a (limit 2) with five due runs each (not if `free_due` is false)
+    and as many sleepers, and `keys` full keys (two running, five due), through the run
+    index's triggers."""
     insert = (
         "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
         " INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
@@ -709,7 +711,7 @@ def _add_keyed(conn: sqlite3.Connection, keys: int) -> None:
         " :now, :now, :prefix || (i % :keys), 2 FROM g"
     )
     for prefix, status, n, at in (
-        ("k:", "queued", 5 * keys, NOW_US - 10_000 * 10**6),  # before the plain backlog
+        *([("k:", "queued", 5 * keys, NOW_US - 10_000 * 10**6)] if free_due else []),
         ("full:", "running", 2 * keys, 0),
         ("full:", "queued", 5 * keys, NOW_US - 20_000 * 10**6),
         ("k:", "waiting_for_timer", 5 * keys, NOW_US + 3600 * 10**6),
@@ -746,3 +748,50 @@ def test_sqlite_claim__keyed_walk_does_not_grow_with_keys_or_backlogs(tmp_path: 
         plan = _plan(large, queries("sqlite")[name], params)
         assert not any("TEMP B-TREE" in d for d in plan), (name, plan)
         assert any("_ready_idx" in d or "_keyed_idx" in d for d in plan), (name, plan)
+
+
+def _keyed_due_steps(conn: sqlite3.Connection) -> tuple[int, list[int]]:
+    """The virtual machine's instructions of the idle read's keyed part for agent a's
+    default queue (ADR 0087), and the due times it gives."""
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+
+    conn.set_progress_handler(tick, 1)
+    try:
+        got = list(_keyed_due(conn.cursor(), queries("sqlite"), "a", "default", NOW_US))
+    finally:
+        conn.set_progress_handler(None, 0)
+    return count[0], got
+
+
+@pytest.mark.parametrize("free_due", [False, True], ids=["held_back", "free_due"])
+def test_sqlite_next_due__keyed_walk_does_not_grow_with_what_is_held_back(
+    tmp_path: Path, free_due: bool
+) -> None:
+    """Ten times the keys, full keys' held-back runs and sleepers: the same work for an idle
+    worker's keyed due time (at most KEYED_RECENT due runs and their keys looked at). With
+    every due keyed run held back, the answer is the first sleeper's time; with free keys'
+    due runs, one of those (passed) too (ADR 0087)."""
+    small = _sqlite_db(tmp_path, backlog=500, running=200, analysed=False)
+    large = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=False)
+    _add_keyed(small, 200, free_due=free_due)
+    _add_keyed(large, 2_000, free_due=free_due)
+    few, got_few = _keyed_due_steps(small)
+    many, got_many = _keyed_due_steps(large)
+    for got in (got_few, got_many):
+        assert got[0] == NOW_US + 3600 * 10**6 + 1  # the first sleeper
+        if free_due:
+            (passed,) = got[1:]
+            assert passed < NOW_US - 10_000 * 10**6 + 10 * 2_000  # a free key's due run
+        else:
+            assert got[1:] == []  # the held-back runs do not count
+    assert many <= few * 1.2 + 50, (few, many)
+    assert few <= KEYED_RECENT * 40 + 200, few
+    for name in ("keyed_next_due_at", "keyed_came_due_at"):
+        params = {"agent": "a", "queue": "default", "now": NOW_US, "recent": KEYED_RECENT}
+        plan = _plan(large, queries("sqlite")[name], params)
+        assert not any("TEMP B-TREE" in d for d in plan), (name, plan)
+        assert any("steptrail_runs_keyed_due_idx" in d for d in plan), (name, plan)
