@@ -422,7 +422,7 @@ def _pg_fill_keyed(conn: psycopg.Connection[Any], *, free_due: bool = True) -> N
         "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
         " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
         " concurrency_limit)"
-        " SELECT gen_random_uuid(), 'a', %(status)s, 2, 0, '{}'::jsonb,"
+        " SELECT gen_random_uuid(), 'a', %(status)s, 2, %(requeues)s, '{}'::jsonb,"
         " CASE WHEN %(status)s <> 'running' THEN now() + %(at)s * interval '1 second'"
         "  + g * interval '1 us' END,"
         " CASE WHEN %(status)s = 'running' THEN now() + interval '10 minutes' END,"
@@ -437,7 +437,20 @@ def _pg_fill_keyed(conn: psycopg.Connection[Any], *, free_due: bool = True) -> N
         ("full:", "queued", 5 * FULL_KEYS, FULL_KEYS, -20_000),
         ("k:", "waiting_for_timer", 5 * KEYS, KEYS, 3600),
     ):
-        conn.execute(insert, {"prefix": prefix, "status": status, "n": n, "keys": keys, "at": at})
+        # The due runs were requeued (a backoff): in the keyed due index (ADR 0087), where
+        # a run just enqueued is not; the full keys' are held back there.
+        requeues = 1 if status == "queued" else 0
+        conn.execute(
+            insert,
+            {
+                "prefix": prefix,
+                "status": status,
+                "n": n,
+                "keys": keys,
+                "at": at,
+                "requeues": requeues,
+            },
+        )
 
 
 @pytest.mark.parametrize("state", STATEMENTS)
@@ -705,7 +718,7 @@ def _add_keyed(conn: sqlite3.Connection, keys: int, *, free_due: bool = True) ->
         " INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
         " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
         " concurrency_limit)"
-        " SELECT lower(hex(randomblob(16))), 'a', :status, 2, 0, '{}',"
+        " SELECT lower(hex(randomblob(16))), 'a', :status, 2, :requeues, '{}',"
         " CASE WHEN :status <> 'running' THEN :at + i END,"
         " CASE WHEN :status = 'running' THEN :now + 600000000 END,"
         " :now, :now, :prefix || (i % :keys), 2 FROM g"
@@ -718,7 +731,17 @@ def _add_keyed(conn: sqlite3.Connection, keys: int, *, free_due: bool = True) ->
     ):
         conn.execute(
             insert,
-            {"n": n, "status": status, "at": at, "now": NOW_US, "prefix": prefix, "keys": keys},
+            {
+                "n": n,
+                "status": status,
+                "at": at,
+                "now": NOW_US,
+                "prefix": prefix,
+                "keys": keys,
+                # The due runs were requeued (a backoff): in the keyed due index (ADR
+                # 0087); the full keys' are held back there.
+                "requeues": 1 if status == "queued" else 0,
+            },
         )
     conn.commit()
 

@@ -877,10 +877,12 @@ LIMIT 1;
 
 -- name: keyed_due_queue_after
 -- An idle worker's wait for keyed runs (ADR 0087): the next queue after :after (text order)
--- in which the agent has a keyed run claimable now or later. One descent per queue.
+-- in which the agent has a keyed run with a due time of its own (suspended with a
+-- deadline, or requeued: the keyed due index). One descent per queue.
 SELECT queue FROM steptrail_runs INDEXED BY steptrail_runs_keyed_due_idx
 WHERE agent = :agent AND queue > :after AND available_at IS NOT NULL
   AND concurrency_limit IS NOT NULL
+  AND (status <> 'queued' OR requeue_count > 0)
 ORDER BY queue
 LIMIT 1;
 
@@ -889,6 +891,7 @@ LIMIT 1;
 SELECT available_at FROM steptrail_runs INDEXED BY steptrail_runs_keyed_due_idx
 WHERE agent = :agent AND queue = :queue AND available_at > :now
   AND available_at IS NOT NULL AND concurrency_limit IS NOT NULL
+  AND (status <> 'queued' OR requeue_count > 0)
 ORDER BY available_at
 LIMIT 1;
 
@@ -901,6 +904,7 @@ SELECT max(c.available_at) FROM (
         INDEXED BY steptrail_runs_keyed_due_idx
     WHERE agent = :agent AND queue = :queue AND available_at <= :now
       AND available_at IS NOT NULL AND concurrency_limit IS NOT NULL
+  AND (status <> 'queued' OR requeue_count > 0)
     ORDER BY available_at DESC
     LIMIT :recent
 ) AS c

@@ -4,10 +4,11 @@
 -- concurrency key only (migration 0035): a keyed run asleep, waiting with a deadline or
 -- requeued with a backoff woke at the worker's poll, not at its due time.
 --
--- 1. steptrail_runs_keyed_due_idx: the keyed runs that are claimable now or later, by
---    (agent, queue, available_at), with their key. A partial index: a claimed, running or
---    settled run is not in it (a claim's update writes no entry to it), so it costs the
---    enqueue, suspend and requeue of a keyed run one entry each and the claim nothing.
+-- 1. steptrail_runs_keyed_due_idx: the keyed runs with a due time of their own, by
+--    (agent, queue, available_at), with their key: suspended with a deadline (waiting_*)
+--    or put back on the queue (a backoff, a reclaim: requeue_count > 0). A run as enqueued
+--    is not in it (its enqueue wakes the workers), nor a claimed, running or settled one:
+--    a keyed run's enqueue, first claim, steps and settle write nothing to it.
 -- 2. steptrail_next_due also answers for keyed runs, per (agent, queue) of this index (a
 --    loose walk of its queues when none is named):
 --    * the earliest due time still to come: one descent from now();
@@ -22,7 +23,8 @@
 -- The signature and settings are those of 0037 (CREATE OR REPLACE sets them again).
 CREATE INDEX IF NOT EXISTS steptrail_runs_keyed_due_idx
     ON steptrail_runs (agent, queue, available_at, concurrency_key)
-    WHERE available_at IS NOT NULL AND concurrency_limit IS NOT NULL;
+    WHERE available_at IS NOT NULL AND concurrency_limit IS NOT NULL
+      AND (status <> 'queued' OR requeue_count > 0);
 
 CREATE OR REPLACE FUNCTION steptrail_next_due(p_agents text[], p_queues text[])
 RETURNS double precision
@@ -71,6 +73,7 @@ BEGIN
             SELECT r.queue FROM steptrail_runs AS r
             WHERE r.agent = a.agent AND r.available_at IS NOT NULL
               AND r.concurrency_limit IS NOT NULL
+              AND (r.status <> 'queued' OR r.requeue_count > 0)
             ORDER BY r.queue LIMIT 1
         ) FROM unnest(p_agents) AS a(agent) WHERE p_queues IS NULL
         UNION ALL
@@ -78,6 +81,7 @@ BEGIN
             SELECT r.queue FROM steptrail_runs AS r
             WHERE r.agent = f.agent AND r.queue > f.queue AND r.available_at IS NOT NULL
               AND r.concurrency_limit IS NOT NULL
+              AND (r.status <> 'queued' OR r.requeue_count > 0)
             ORDER BY r.queue LIMIT 1
         ) FROM keyed_found AS f WHERE f.queue IS NOT NULL
     ), keyed_pairs AS (
@@ -102,6 +106,7 @@ BEGIN
             SELECT r.available_at FROM steptrail_runs AS r
             WHERE r.agent = p.agent AND r.queue = p.queue AND r.available_at > now()
               AND r.available_at IS NOT NULL AND r.concurrency_limit IS NOT NULL
+              AND (r.status <> 'queued' OR r.requeue_count > 0)
             ORDER BY r.available_at LIMIT 1
         ) FROM keyed_pairs AS p
         UNION ALL
@@ -111,6 +116,7 @@ BEGIN
                 SELECT r.available_at, r.concurrency_key FROM steptrail_runs AS r
                 WHERE r.agent = p.agent AND r.queue = p.queue AND r.available_at <= now()
                   AND r.available_at IS NOT NULL AND r.concurrency_limit IS NOT NULL
+              AND (r.status <> 'queued' OR r.requeue_count > 0)
                 ORDER BY r.available_at DESC LIMIT 32
             ) AS c
             WHERE EXISTS (
