@@ -193,6 +193,8 @@ class RunStore(Protocol):
         self, *, agents: Sequence[str], queues: Sequence[str] | None = None
     ) -> float | None:
         """Seconds from the store's clock to the earliest due time among the claimable runs
-        without a concurrency key of `agents` and `queues` (negative: passed; None: no
-        such run). An idle worker waits no longer than this (ADR 0082)."""
+        of `agents` and `queues` (negative: passed; None: no such run). A keyed run's due
+        time counts while it is to come, and once passed only if its key has a free place:
+        a run held back by its key's limit is claimable only when a place frees. An idle
+        worker waits no longer than this (ADR 0082, 0087)."""
         ...

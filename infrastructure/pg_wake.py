@@ -2,7 +2,9 @@
 
 A mixin of `PostgresRunStore`: `next_due_in`, the seconds from the server's clock to the
 earliest due time (`available_at`) among the runs a worker may claim, by `steptrail_next_due`
-(migration 0037), a loose walk of the claim index: sleepers cost it nothing.
+(migrations 0037 and 0038), a loose walk of the claim index and of the keyed due index:
+sleepers cost it nothing, and a keyed run held back by its key's limit does not count (ADR
+0087).
 
 A write of this store that left a run queued also wakes this process's idle worker at once
 (`wake_here`, shared with SQLite in `store_base.WakesIdleWorkers`), instead of after the
@@ -30,8 +32,9 @@ class PostgresWake:
     def next_due_in(
         self: _Store, *, agents: Sequence[str], queues: Sequence[str] | None = None
     ) -> float | None:
-        """Seconds until the earliest due time among the claimable runs without a key of
-        `agents` and `queues` (negative: passed), by the server's clock; None: none."""
+        """Seconds until the earliest due time among the claimable runs of `agents` and
+        `queues` (negative: passed; a keyed run's only if its key has a free place), by the
+        server's clock; None: none."""
         row = self._one(
             "next_due",
             {

@@ -114,11 +114,18 @@ class Worker:
         # (None: none), and whether that is still known (see `_idle_wait`, ADR 0082).
         self._due_at: float | None = None
         self._due_known = False
+        # The dispatcher is in an idle wait, or reading the due time for one: a segment that
+        # leaves its run unsettled from then on wakes it (see `_finished`, ADR 0087).
+        self._idle_waiting = False
 
     def stop(self) -> None:
         """Stop claiming; runs in flight finish (a second signal may kill the process, and
         the reaper then reclaims what it held once the leases expire)."""
         self.stopping.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """End the dispatcher's idle wait now (a store that cannot: at its poll)."""
         wake = getattr(self.store, "wake", None)
         if wake is not None:
             wake()
@@ -241,8 +248,12 @@ class Worker:
 
     def _wait_idle(self, agents: Sequence[str]) -> None:
         """Wait until the store wakes this worker or `_idle_wait` passes."""
-        if not self.store.wait_for_work(self._idle_wait(agents)):
-            self._due_known = False  # not woken: the due time came, or the poll
+        self._idle_waiting = True
+        try:
+            if not self.store.wait_for_work(self._idle_wait(agents)):
+                self._due_known = False  # not woken: the due time came, or the poll
+        finally:
+            self._idle_waiting = False
 
     def _idle_wait(self, agents: Sequence[str]) -> float:
         """How long the idle dispatcher waits (ADR 0082): the poll interval, or until the
@@ -388,6 +399,10 @@ class Worker:
         log.info("segment_finished", outcome=result.outcome.value, version=result.version)
         if not result.status.is_terminal:  # asleep, waiting, requeued: a due time may be new
             self._due_known = False
+            # The dispatcher may have read the due time before this commit and be waiting
+            # its poll on that answer: woken, it claims (nothing) and reads it again.
+            if self._idle_waiting:
+                self._wake()
         with self._slot_freed:
             self.report.outcomes[result.outcome.value] += 1
         if self.on_result is not None:

@@ -59,6 +59,15 @@ def sleepers_app() -> App:
         ctx.sleep_until(datetime.fromisoformat(request["at"]))
         return {}
 
+    # Keyed (ADR 0078): its runs are claimed through the keys, their wake-ups seen by the
+    # keyed due index (ADR 0087).
+    @app.agent("keyed", concurrency_limit=1)
+    def keyed(ctx: RunContext, request: dict[str, Any]) -> dict[str, Any]:
+        ctx.llm("before", lambda: "awake")
+        ctx.sleep(request["seconds"])
+        ctx.llm("after", lambda: "awake again")
+        return {"slept": request["seconds"]}
+
     return app
 
 
@@ -103,6 +112,8 @@ class SkippingWaits:
             busy = self.worker._in_flight > 0
         if busy or self.finished.is_set():
             return bool(self._store.wait_for_work(min(timeout, 1.0)))
+        if self._store._woken.is_set():  # woken before the wait (a segment ended): returns
+            return bool(self._store.wait_for_work(0))
         self.waits.append(timeout)
         self._kit.skip(timeout)
         return False  # the whole wait passed
@@ -296,3 +307,144 @@ def test_worker__pauses_after_a_partial_claim_instead_of_claiming_per_run(db_url
         assert len(taken) <= 20, claims
     finally:
         runtime.close()
+
+
+# -- Keyed runs (ADR 0087) ---------------------------------------------------------------------
+
+
+def test_idle_worker__claims_a_keyed_sleeper_when_due_not_at_the_poll(rt: Runtime) -> None:
+    """With a 30 s poll, a run under a concurrency key sleeping 1 s is claimed again within a
+    second of its due time by the store's clock, as a run without a key is (ADR 0087)."""
+    run_id = rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:a")
+    store = drain(rt, [run_id])
+    assert rt.get(run_id).status is RunStatus.COMPLETED
+    due, claimed = woke_at_and_claimed_again(rt, run_id)
+    assert due <= claimed < due + timedelta(seconds=1)
+    assert store.waits
+    assert max(store.waits) < POLL_S
+    assert sum(store.waits) < 1 + 2 * DUE_MARGIN_S + len(store.waits) * MIN_WAIT_S
+
+
+def test_idle_worker__keyed_and_plain_sleepers_wake_in_due_order(rt: Runtime) -> None:
+    """Keyed sleepers of 3 s and 1 s on two keys and a plain one of 2 s: each claimed again
+    within a second of its due time, in due order, with a 30 s poll."""
+    ids = {
+        3: rt.enqueue("keyed", {"seconds": 3}, concurrency_key="tenant:a"),
+        1: rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:b"),
+        2: rt.enqueue("sleeper", {"seconds": 2}),
+    }
+    drain(rt, list(ids.values()))
+    claims = {s: woke_at_and_claimed_again(rt, run_id) for s, run_id in ids.items()}
+    for due, claimed in claims.values():
+        assert due <= claimed < due + timedelta(seconds=1)
+    assert sorted(claims, key=lambda s: claims[s][1]) == [1, 2, 3]
+
+
+def asleep(rt: Runtime) -> None:
+    """Run every queued run to its sleep; all of them suspend."""
+    rt.worker(concurrency=4, burst=True).run()
+    store: Any = rt.store
+    assert {r.state.status for r in store.all_rows()} == {RunStatus.WAITING_FOR_TIMER}
+
+
+def take_the_place(rt: Runtime, key: str) -> Any:
+    """A run of `key` claimed by a peer that keeps it (its key's one place is taken); its id."""
+    run_id = rt.enqueue("keyed", {"seconds": 1}, concurrency_key=key)
+    claimed = rt.store.claim_batch(
+        holder="worker:peer", lease_ms=600_000, agents=["keyed"], limit=1
+    )
+    assert [c.run.id for c in claimed] == [run_id]
+    return run_id
+
+
+def test_next_due_in__keyed_due_times_count_unless_held_back(rt: Runtime) -> None:
+    """A keyed sleeper's due time counts, on its key or in its queue; once passed it counts
+    (at most zero) while its key has a free place, and a run held back by its key's limit
+    does not count at all: the answer is then the next due time to come, or None. A keyed
+    run just enqueued is not counted (its enqueue wakes the workers)."""
+    store: Any = rt.store
+    before = rt.store.store_now()
+    rt.enqueue("keyed", {"seconds": 300}, concurrency_key="tenant:a", queue="urgent")
+    rt.enqueue("keyed", {"seconds": 100}, concurrency_key="tenant:b")
+    asleep(rt)
+    due_in = store.next_due_in(agents=["keyed"])
+    urgent = store.next_due_in(agents=["keyed"], queues=["urgent"])
+    plain_only = store.next_due_in(agents=["sleeper"])
+    elapsed = (rt.store.store_now() - before).total_seconds()
+    assert 100 - elapsed <= due_in <= 100
+    assert 300 - elapsed <= urgent <= 300
+    assert plain_only is None
+    # tenant:c's place taken by a peer, a second run of it due and held back: not counted.
+    take_the_place(rt, "tenant:c")
+    rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:c")
+    assert rt.store.held_back(agents=["keyed"])
+    assert 0 < store.next_due_in(agents=["keyed"]) <= 100
+    assert store.next_due_in(agents=["keyed"], queues=["nowhere"]) is None
+    rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:d")  # free key, not counted
+    assert 0 < store.next_due_in(agents=["keyed"]) <= 100
+    # tenant:b's sleeper due by the store's clock, its key's place free: claimable at once.
+    Kit(rt).skip(150)
+    ready = store.next_due_in(agents=["keyed"])
+    assert ready is not None
+    assert -150 <= ready <= 0
+
+
+def test_next_due_in__only_held_back_keyed_runs_is_none(rt: Runtime) -> None:
+    """Every keyed run due is held back by its key's limit: nothing is due for this worker."""
+    store: Any = rt.store
+    take_the_place(rt, "tenant:a")
+    for _ in range(3):
+        rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:a")
+    assert rt.store.held_back(agents=["keyed"])
+    assert store.next_due_in(agents=["keyed"]) is None
+
+
+class CountingClaims:
+    """The store, counting claims and keeping each idle wait asked for; its waits are the
+    store's own, real ones."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.claims = 0
+        self.waits: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def claim_batch(self, **kwargs: Any) -> Any:
+        self.claims += 1
+        return self._store.claim_batch(**kwargs)
+
+    def wait_for_work(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return bool(self._store.wait_for_work(timeout))
+
+
+def test_idle_worker__a_held_back_keyed_run_does_not_make_it_spin(rt: Runtime) -> None:
+    """A keyed sleeper whose key's one place a peer holds, and a due run of that key behind
+    it: the idle worker wakes at the sleeper's due time (the place may have freed), finds
+    nothing to claim, and then waits its whole poll: a handful of claims in two seconds,
+    not one every few milliseconds (ADR 0087)."""
+    sleeper = rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:a")
+    asleep(rt)
+    take_the_place(rt, "tenant:a")
+    held = rt.enqueue("keyed", {"seconds": 1}, concurrency_key="tenant:a")
+    store = CountingClaims(rt.store)
+    worker = rt.worker(concurrency=2)
+    worker.store = store  # type: ignore[assignment]
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(2.0)  # the sleeper came due a second ago
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert worker.report.claimed == 0
+    assert {rt.get(sleeper).status, rt.get(held).status} == {
+        RunStatus.WAITING_FOR_TIMER,
+        RunStatus.QUEUED,
+    }
+    assert 2 <= store.claims <= 4, store.waits
+    assert store.waits[0] < 1.5  # until the sleeper's due time, not the poll
+    assert store.waits[-1] == POLL_S  # then the poll: nothing it may claim has a due time

@@ -30,6 +30,7 @@ from steptrail.domain.ports import ClaimRequest
 from steptrail.infrastructure.factory import open_store
 from steptrail.infrastructure.sqlfiles import queries
 from steptrail.infrastructure.sqlite_queues import pick
+from steptrail.infrastructure.sqlite_wake import _keyed_due
 from tests.conftest import PG_ADMIN_URL, _url_for
 
 LIMIT = 16
@@ -171,6 +172,10 @@ CLAIM_MARKER = "WITH RECURSIVE clock AS MATERIALIZED"
 CLAIM_INDEX = "steptrail_runs_claim_idx"
 # Keyed runs' index (ADR 0078): walked per key the claim visits, never otherwise.
 KEYED_INDEX = "steptrail_runs_keyed_idx"
+# Keyed runs claimable now or later by (agent, queue, available_at): an idle worker's wait
+# (ADR 0087), never the claim.
+KEYED_DUE_INDEX = "steptrail_runs_keyed_due_idx"
+KEYED_RECENT = 32  # the latest due keyed runs steptrail_next_due looks at (migration 0038)
 
 
 def _claim_scans(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -393,10 +398,14 @@ def test_pg_next_due__reads_one_entry_per_level_whatever_sleeps(pg_fresh: str, s
     assert not [p["Query Text"][:40] for p in plans if "JIT" in p]
     (inner,) = [p["Plan"] for p in plans if NEXT_DUE_MARKER in p["Query Text"]]
     scans = _scans_of_runs(inner)
-    assert scans
-    assert all(n.get("Index Name") == CLAIM_INDEX for n in scans), scans
+    plain = [n for n in scans if n.get("Index Name") == CLAIM_INDEX]
+    assert plain
+    # The keyed part (ADR 0087) walks its own index, and here finds no keyed run at all.
+    keyed = [n for n in scans if n not in plain]
+    assert all(n.get("Index Name") == KEYED_DUE_INDEX for n in keyed), keyed
+    assert sum(_read(n) for n in keyed) == 0, keyed
     assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), scans
-    for n in scans:  # at most one entry per loop: a descent, never a walk of the sleepers
+    for n in plain:  # at most one entry per loop: a descent, never a walk of the sleepers
         assert _read(n) <= int(n.get("Actual Loops", 1)), n
     assert _buffers(inner) <= 200
 
@@ -405,14 +414,15 @@ KEYS = 2_000  # keys with runs to take, five each
 FULL_KEYS = 1_000  # keys whose two places are taken, with a backlog of five each
 
 
-def _pg_fill_keyed(conn: psycopg.Connection[Any]) -> None:
+def _pg_fill_keyed(conn: psycopg.Connection[Any], *, free_due: bool = True) -> None:
     """Keyed runs of agent a (limit 2 per key), through the run index's triggers: KEYS keys
-    with five due runs each, FULL_KEYS keys with two running and five due, and sleepers."""
+    with five due runs each (not if `free_due` is false), FULL_KEYS keys with two running
+    and five due, and sleepers (five per key of KEYS, in an hour)."""
     insert = (
         "INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
         " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
         " concurrency_limit)"
-        " SELECT gen_random_uuid(), 'a', %(status)s, 2, 0, '{}'::jsonb,"
+        " SELECT gen_random_uuid(), 'a', %(status)s, 2, %(requeues)s, '{}'::jsonb,"
         " CASE WHEN %(status)s <> 'running' THEN now() + %(at)s * interval '1 second'"
         "  + g * interval '1 us' END,"
         " CASE WHEN %(status)s = 'running' THEN now() + interval '10 minutes' END,"
@@ -420,12 +430,27 @@ def _pg_fill_keyed(conn: psycopg.Connection[Any]) -> None:
         " FROM generate_series(1, %(n)s) AS g"
     )
     for prefix, status, n, keys, at in (
-        ("k:", "queued", 5 * KEYS, KEYS, -10_000),  # before the plain backlog
+        *(
+            [("k:", "queued", 5 * KEYS, KEYS, -10_000)] if free_due else []
+        ),  # before the plain backlog
         ("full:", "running", 2 * FULL_KEYS, FULL_KEYS, 0),
         ("full:", "queued", 5 * FULL_KEYS, FULL_KEYS, -20_000),
         ("k:", "waiting_for_timer", 5 * KEYS, KEYS, 3600),
     ):
-        conn.execute(insert, {"prefix": prefix, "status": status, "n": n, "keys": keys, "at": at})
+        # The due runs were requeued (a backoff): in the keyed due index (ADR 0087), where
+        # a run just enqueued is not; the full keys' are held back there.
+        requeues = 1 if status == "queued" else 0
+        conn.execute(
+            insert,
+            {
+                "prefix": prefix,
+                "status": status,
+                "n": n,
+                "keys": keys,
+                "at": at,
+                "requeues": requeues,
+            },
+        )
 
 
 @pytest.mark.parametrize("state", STATEMENTS)
@@ -459,6 +484,53 @@ def test_pg_claim__keyed_runs_cost_their_batch(pg_fresh: str, state: str) -> Non
     assert _read(walk) <= 2 * LIMIT  # each key's free places, not its backlog
     assert _buffers(walk) <= int(walk["Actual Loops"]) * 6 + 20
     assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") for n in _nodes(inner))
+
+
+@pytest.mark.parametrize("free_due", [False, True], ids=["held_back", "free_due"])
+@pytest.mark.parametrize("analysed", [False, True], ids=["live", "analysed"])
+def test_pg_next_due__keyed_runs_cost_a_bounded_walk(
+    pg_fresh: str, analysed: bool, free_due: bool
+) -> None:
+    """An idle worker's due-time read over thousands of keyed runs (ADR 0087): with every
+    due keyed run held back by its full key, the answer is the sleepers' hour (the held-back
+    runs do not count), and the read looks at no more than the latest KEYED_RECENT due runs
+    and their keys, one descent for the sleepers, never the held-back backlog; with keys
+    that have a free place and due runs, the answer is at most zero. The claim's own index
+    is not read for keyed runs, the keyed one not at all."""
+    with psycopg.connect(pg_fresh, autocommit=True, row_factory=dict_row) as conn:
+        _pg_fill_keyed(conn, free_due=free_due)
+        if analysed:
+            conn.execute("ANALYZE steptrail_runs")
+            conn.execute("ANALYZE steptrail_concurrency_keys")
+        got: dict[str, Any] = {}
+        next_due = queries("postgres")["next_due"]
+
+        def run() -> None:
+            got.update(conn.execute(next_due, {"agents": ["a"], "queues": None}).fetchone())
+
+        plans = _plans(conn, run)
+    if free_due:
+        assert got["due_in_s"] <= 0
+    else:
+        assert 3600 - 60 < got["due_in_s"] <= 3601  # the sleepers' hour, from their insert
+    (inner,) = [p["Plan"] for p in plans if NEXT_DUE_MARKER in p["Query Text"]]
+    scans = _scans_of_runs(inner)
+    keyed = [n for n in scans if n.get("Index Name") == KEYED_DUE_INDEX]
+    assert keyed
+    assert all(n.get("Index Name") in (CLAIM_INDEX, KEYED_DUE_INDEX) for n in scans), scans
+    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), scans
+    assert sum(_read(n) for n in keyed) <= KEYED_RECENT + 4, keyed
+    key_rows = [
+        n
+        for n in _nodes(inner)
+        if n.get("Relation Name") == "steptrail_concurrency_keys"
+        and n["Node Type"].endswith("Scan")
+    ]
+    assert all(n.get("Index Name") == "steptrail_concurrency_keys_pkey" for n in key_rows)
+    assert sum(int(n.get("Actual Loops", 0)) for n in key_rows) <= KEYED_RECENT
+    # A few pages per entry looked at and per key row read, not the pages of the 5,000
+    # held-back runs (and 10,000 due ones) behind them.
+    assert _buffers(inner) <= 20 * KEYED_RECENT
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -637,28 +709,39 @@ def test_sqlite_claim__levels_first_and_sleepers_cost_nothing(
     assert many <= few * 1.2 + 50, (few, many)
 
 
-def _add_keyed(conn: sqlite3.Connection, keys: int) -> None:
-    """`keys` keys of agent a (limit 2) with five due runs each and as many sleepers, and
-    `keys` full keys (two running, five due), through the run index's triggers."""
+def _add_keyed(conn: sqlite3.Connection, keys: int, *, free_due: bool = True) -> None:
+    """`keys` keys of agent a (limit 2) with five due runs each (not if `free_due` is false)
+    and as many sleepers, and `keys` full keys (two running, five due), through the run
+    index's triggers."""
     insert = (
         "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
         " INSERT INTO steptrail_runs (run_id, agent, status, version, requeue_count, doc,"
         " available_at, lease_expires_at, created_at, updated_at, concurrency_key,"
         " concurrency_limit)"
-        " SELECT lower(hex(randomblob(16))), 'a', :status, 2, 0, '{}',"
+        " SELECT lower(hex(randomblob(16))), 'a', :status, 2, :requeues, '{}',"
         " CASE WHEN :status <> 'running' THEN :at + i END,"
         " CASE WHEN :status = 'running' THEN :now + 600000000 END,"
         " :now, :now, :prefix || (i % :keys), 2 FROM g"
     )
     for prefix, status, n, at in (
-        ("k:", "queued", 5 * keys, NOW_US - 10_000 * 10**6),  # before the plain backlog
+        *([("k:", "queued", 5 * keys, NOW_US - 10_000 * 10**6)] if free_due else []),
         ("full:", "running", 2 * keys, 0),
         ("full:", "queued", 5 * keys, NOW_US - 20_000 * 10**6),
         ("k:", "waiting_for_timer", 5 * keys, NOW_US + 3600 * 10**6),
     ):
         conn.execute(
             insert,
-            {"n": n, "status": status, "at": at, "now": NOW_US, "prefix": prefix, "keys": keys},
+            {
+                "n": n,
+                "status": status,
+                "at": at,
+                "now": NOW_US,
+                "prefix": prefix,
+                "keys": keys,
+                # The due runs were requeued (a backoff): in the keyed due index (ADR
+                # 0087); the full keys' are held back there.
+                "requeues": 1 if status == "queued" else 0,
+            },
         )
     conn.commit()
 
@@ -688,3 +771,50 @@ def test_sqlite_claim__keyed_walk_does_not_grow_with_keys_or_backlogs(tmp_path: 
         plan = _plan(large, queries("sqlite")[name], params)
         assert not any("TEMP B-TREE" in d for d in plan), (name, plan)
         assert any("_ready_idx" in d or "_keyed_idx" in d for d in plan), (name, plan)
+
+
+def _keyed_due_steps(conn: sqlite3.Connection) -> tuple[int, list[int]]:
+    """The virtual machine's instructions of the idle read's keyed part for agent a's
+    default queue (ADR 0087), and the due times it gives."""
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+
+    conn.set_progress_handler(tick, 1)
+    try:
+        got = list(_keyed_due(conn.cursor(), queries("sqlite"), "a", "default", NOW_US))
+    finally:
+        conn.set_progress_handler(None, 0)
+    return count[0], got
+
+
+@pytest.mark.parametrize("free_due", [False, True], ids=["held_back", "free_due"])
+def test_sqlite_next_due__keyed_walk_does_not_grow_with_what_is_held_back(
+    tmp_path: Path, free_due: bool
+) -> None:
+    """Ten times the keys, full keys' held-back runs and sleepers: the same work for an idle
+    worker's keyed due time (at most KEYED_RECENT due runs and their keys looked at). With
+    every due keyed run held back, the answer is the first sleeper's time; with free keys'
+    due runs, one of those (passed) too (ADR 0087)."""
+    small = _sqlite_db(tmp_path, backlog=500, running=200, analysed=False)
+    large = _sqlite_db(tmp_path, backlog=BACKLOG, running=RUNNING, analysed=False)
+    _add_keyed(small, 200, free_due=free_due)
+    _add_keyed(large, 2_000, free_due=free_due)
+    few, got_few = _keyed_due_steps(small)
+    many, got_many = _keyed_due_steps(large)
+    for got in (got_few, got_many):
+        assert got[0] == NOW_US + 3600 * 10**6 + 1  # the first sleeper
+        if free_due:
+            (passed,) = got[1:]
+            assert passed < NOW_US - 10_000 * 10**6 + 10 * 2_000  # a free key's due run
+        else:
+            assert got[1:] == []  # the held-back runs do not count
+    assert many <= few * 1.2 + 50, (few, many)
+    assert few <= KEYED_RECENT * 40 + 200, few
+    for name in ("keyed_next_due_at", "keyed_came_due_at"):
+        params = {"agent": "a", "queue": "default", "now": NOW_US, "recent": KEYED_RECENT}
+        plan = _plan(large, queries("sqlite")[name], params)
+        assert not any("TEMP B-TREE" in d for d in plan), (name, plan)
+        assert any("steptrail_runs_keyed_due_idx" in d for d in plan), (name, plan)

@@ -33,7 +33,7 @@ from steptrail.render import family_lines
 from steptrail.runtime import Runtime
 from steptrail.testing import pgclock
 from tests.conftest import PG_ADMIN_URL, make_runtime
-from tests.fixtures.upgrade.populate import app
+from tests.fixtures.upgrade.populate import YEAR, app
 from tests.integration.test_concurrency_keys import key_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade"
@@ -417,6 +417,36 @@ def test_upgrade__runs_have_no_key_and_keyed_runs_are_limited(upgraded: Runtime)
     assert {c.run.id for c in claimed} >= set(plain)
     assert len({c.run.id for c in claimed} & set(keyed)) == 1
     assert rt.store.held_back(agents=rt.app.agent_names)
+    assert rt.verify_index() == []
+
+
+@pytest.mark.parametrize("upgraded", VERSIONS, indirect=True, ids=lambda v: f"schema{v}")
+def test_upgrade__an_idle_worker_sees_keyed_due_times(upgraded: Runtime) -> None:
+    """Migration 0038 (ADR 0087) on every fixture: a keyed run put to sleep after the upgrade
+    has its due time seen by `next_due_in` (a year away, on its own queue); a keyed run
+    just enqueued is not counted (its enqueue wakes the workers), nor one held back behind
+    a peer's run of its key; the keys table and the index stay true."""
+    rt = upgraded
+    store: Any = rt.store
+    rt.app.queue("wake")
+    rt.app.limit("wake:*", 1)
+    before = rt.store.store_now()
+    sleeper = rt.enqueue("fixture_sleep", {}, concurrency_key="wake:a", queue="wake")
+    assert rt.work(burst=True, queues=["wake"]).outcomes == {"sleeping": 1}
+    assert rt.get(sleeper).status is RunStatus.WAITING_FOR_TIMER
+    due_in = store.next_due_in(agents=["fixture_sleep"], queues=["wake"])
+    elapsed = (rt.store.store_now() - before).total_seconds()
+    assert due_in is not None
+    assert YEAR - elapsed <= due_in <= YEAR
+    first = rt.enqueue("fixture_ok", concurrency_key="wake:b", queue="wake")
+    assert store.next_due_in(agents=["fixture_ok"], queues=["wake"]) is None
+    claimed = rt.store.claim_batch(
+        holder="worker:peer", lease_ms=60_000, agents=["fixture_ok"], limit=1, queues=["wake"]
+    )
+    assert [c.run.id for c in claimed] == [first]
+    rt.enqueue("fixture_ok", concurrency_key="wake:b", queue="wake")  # held back behind it
+    assert store.next_due_in(agents=["fixture_ok"], queues=["wake"]) is None
+    assert key_table(rt)["wake:b"] == (1, 1)
     assert rt.verify_index() == []
 
 

@@ -23,6 +23,11 @@ BACKEND_ONLY: dict[str, str] = {
     "append_two": "PostgreSQL: `append` with scalar parameters (SQLite binds each statement)",
     "next_due": "PostgreSQL: steptrail_next_due walks every queue and level in one call (ADR 0082)",
     "next_due_at": "SQLite: one level's earliest due time; sqlite_wake walks the levels",
+    **dict.fromkeys(
+        ("keyed_due_queue_after", "keyed_next_due_at", "keyed_came_due_at"),
+        "SQLite: the keyed due index's walk for an idle worker's wait, statement by statement "
+        "(PostgreSQL: steptrail_next_due; ADR 0087)",
+    ),
     "migration_lock": "PostgreSQL: an advisory lock; SQLite's BEGIN IMMEDIATE is the lock",
     "lock_as_writer": "PostgreSQL: SQLite's BEGIN IMMEDIATE already stops every writer",
     "acquire_rate_grant": "PostgreSQL: one statement under the limit's lock does what "

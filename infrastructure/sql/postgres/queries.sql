@@ -1156,7 +1156,8 @@ WHERE name = %(name)s;
 SELECT * FROM steptrail_runs WHERE parent_id = %(run_id)s ORDER BY created_at, run_id;
 
 -- name: next_due
--- An idle worker's wait (ADR 0082): seconds from now() (the store's clock) to the earliest
--- available_at among the runs without a concurrency key that its agents and queues may
--- claim; NULL when there is none. steptrail_next_due (migration 0037) walks the claim index.
+-- An idle worker's wait (ADR 0082, 0087): seconds from now() (the store's clock) to the
+-- earliest available_at among the runs its agents and queues may claim (a keyed run's passed
+-- due time only if its key has a free place); NULL when there is none. steptrail_next_due
+-- (migrations 0037, 0038) walks the claim index and the keyed due index.
 SELECT steptrail_next_due(%(agents)s::text[], %(queues)s::text[]) AS due_in_s;

@@ -874,3 +874,41 @@ WHERE agent = :agent AND queue = :queue AND priority = :priority
   AND available_at IS NOT NULL AND concurrency_limit IS NULL
 ORDER BY available_at
 LIMIT 1;
+
+-- name: keyed_due_queue_after
+-- An idle worker's wait for keyed runs (ADR 0087): the next queue after :after (text order)
+-- in which the agent has a keyed run with a due time of its own (suspended with a
+-- deadline, or requeued: the keyed due index). One descent per queue.
+SELECT queue FROM steptrail_runs INDEXED BY steptrail_runs_keyed_due_idx
+WHERE agent = :agent AND queue > :after AND available_at IS NOT NULL
+  AND concurrency_limit IS NOT NULL
+  AND (status <> 'queued' OR requeue_count > 0)
+ORDER BY queue
+LIMIT 1;
+
+-- name: keyed_next_due_at
+-- The earliest due time still to come among an (agent, queue)'s keyed runs: one descent.
+SELECT available_at FROM steptrail_runs INDEXED BY steptrail_runs_keyed_due_idx
+WHERE agent = :agent AND queue = :queue AND available_at > :now
+  AND available_at IS NOT NULL AND concurrency_limit IS NOT NULL
+  AND (status <> 'queued' OR requeue_count > 0)
+ORDER BY available_at
+LIMIT 1;
+
+-- name: keyed_came_due_at
+-- The latest due time passed among an (agent, queue)'s :recent latest due keyed runs whose key
+-- has a free place (NULL: none): claimable at once. A run held back by its key's limit does
+-- not count, so it does not make an idle worker claim again and again (ADR 0087).
+SELECT max(c.available_at) FROM (
+    SELECT available_at, concurrency_key FROM steptrail_runs
+        INDEXED BY steptrail_runs_keyed_due_idx
+    WHERE agent = :agent AND queue = :queue AND available_at <= :now
+      AND available_at IS NOT NULL AND concurrency_limit IS NOT NULL
+  AND (status <> 'queued' OR requeue_count > 0)
+    ORDER BY available_at DESC
+    LIMIT :recent
+) AS c
+WHERE EXISTS (
+    SELECT 1 FROM steptrail_concurrency_keys AS k
+    WHERE k.key = c.concurrency_key AND k.running < k.concurrency_limit
+);
