@@ -185,16 +185,20 @@ class Segment:
         with self.lock:
             if self.lost is not None:
                 raise self.lost
+            if not quiet:
+                return command(self.run)
             before = len(self.run.pending_events)
             result = command(self.run)
-            if quiet:
-                self._quiet.extend(self.run.pending_events[before:])
+            self._quiet.extend(self.run.pending_events[before:])
             return result
 
     def _effect_pending(self) -> bool:
         """Whether a pending event is not quiet (see `defer`): a boundary appends it."""
         quiet = self._quiet
-        return any(all(event is not q for q in quiet) for event in self.run.pending_events)
+        pending = self.run.pending_events
+        if not quiet:  # the usual case: a step's record, or nothing
+            return bool(pending)
+        return any(all(event is not q for q in quiet) for event in pending)
 
     def commit(
         self,
