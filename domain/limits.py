@@ -12,6 +12,7 @@ The walk is iterative: a hostile value a thousand levels deep costs a loop, not 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -87,6 +88,17 @@ def check_depth(value: Any, what: str) -> None:
     """
     if depth(value) > MAX_DEPTH:
         raise PayloadTooDeep(f"{what} nests more than {MAX_DEPTH} levels of objects and arrays")
+
+
+# One encoder, built once: json.dumps with options builds a new one on every call, and the
+# step record measures every payload and value (ADR 0090).
+_SIZE_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def json_size(value: Any) -> int:
+    """The length of `value`'s compact JSON text (not ASCII-escaped; an object JSON has no
+    form for becomes its `str`): what the payload cap measures."""
+    return len(_SIZE_ENCODER.encode(value))
 
 
 def check_size(size: int, limit: int, what: str) -> None:

@@ -178,6 +178,7 @@ class PinnedPool:
     def __init__(self, pool: ConnectionPool[Any], most: int) -> None:
         self.pool = pool
         self._most = most
+        self._opened_with = most
         self._local = threading.local()
         self._pins: dict[threading.Thread, _Pin] = {}
         self._lock = threading.Lock()
@@ -196,6 +197,23 @@ class PinnedPool:
             pin = self._local.pin = _Pin()
             self._pins[threading.current_thread()] = pin
             return True
+
+    def reserve(self, threads: int) -> None:
+        """Let `threads` threads keep a connection (a worker's dispatcher and slot threads,
+        ADR 0090), where fewer could: the places grow to `threads`, up to twice what the
+        store was opened with, and the pool's bounds by as many, so that its other users
+        (the lease keeper above all) still find as many connections as before. Never
+        shrinks: a second worker of the same store that asks for fewer changes nothing. A
+        worker of more slots than that (async ones run thousands) pins what it can and its
+        other threads check out per statement, as before."""
+        with self._lock:
+            places = min(threads, 2 * self._opened_with)
+            extra = places - self._most
+            if extra <= 0 or self._closed:
+                return
+            self._most = places
+            pool = self.pool
+            pool.resize(pool.min_size + extra, pool.max_size + extra)
 
     def unpin(self) -> None:
         """The calling thread's connection back to the pool; it checks out from now on."""

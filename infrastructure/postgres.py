@@ -119,6 +119,14 @@ class PostgresRunStore(PostgresBulk, PostgresReporting):
         connections = self._connections
         return isinstance(connections, PinnedPool) and connections.pin()
 
+    def reserve_connections(self, threads: int) -> None:
+        """Let `threads` threads keep a connection each (`pin_connection`), growing the
+        pool by as many more than `pool_size` (ADR 0090): a worker of C slots asks for its
+        dispatcher and its slots, C + 1. Nothing for a one-shot store."""
+        connections = self._connections
+        if isinstance(connections, PinnedPool):
+            connections.reserve(threads)
+
     def unpin_connection(self) -> None:
         """Hand the calling thread's kept connection back to the pool (and those of threads
         that ended without doing so)."""

@@ -15,7 +15,6 @@ deadline runs on a helper thread the agent stops waiting for at the deadline (AD
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -50,6 +49,7 @@ from steptrail.domain.journal import (
 from steptrail.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     check_size,
+    json_size,
 )
 from steptrail.domain.privacy import tool_label
 from steptrail.domain.rate_limits import RateLimit
@@ -726,5 +726,4 @@ class RunContext:
 
     def check_size(self, payload: Any, what: str) -> None:
         """Raise PayloadTooLarge if `payload` (JSON-ready) is over the payload cap."""
-        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str))
-        check_size(size, self._max_payload_bytes, what)
+        check_size(json_size(payload), self._max_payload_bytes, what)

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from steptrail.domain.journal import JournalEntry, StepCall
-from steptrail.domain.limits import PayloadRejected, check_depth
+from steptrail.domain.journal import VALUE_WRAPPING, JournalEntry, StepCall, value_json
+from steptrail.domain.limits import PayloadRejected, check_depth, check_size
 from steptrail.domain.privacy import filter_payload
 from steptrail.domain.run import Run
 from steptrail.workers import rate_limits
@@ -163,8 +163,9 @@ def record(
         filtered = filter_payload(jsonable(body), ctx._privacy, declared_tools=ctx._declared_tools)
         ctx.check_size(filtered, f"the payload of step {name!r}")
         if error is None:
-            ctx.check_size(jsonable(result), f"the value of step {name!r}")
-        entry = _entry(call, ctx._journal.position, result, error, ctx._classify)
+            entry = _value_entry(ctx, call, result, f"the value of step {name!r}")
+        else:
+            entry = _entry(call, ctx._journal.position, result, error, ctx._classify)
     except PayloadRejected as too_much:
         filtered, error_type = {"payload_rejected": True}, type(too_much).__name__
         rejected = too_much if error is None else None
@@ -188,3 +189,17 @@ def record(
     probe.ended(StepEnd(ctx.next_seq - 1, filtered, tokens, cost, error_type, failure))
     if rejected is not None:
         raise rejected
+
+
+def _value_entry(ctx: RunContext, call: StepCall, result: Any, what: str) -> JournalEntry:
+    """The journal entry of a step that returned `result`, once its value is within the
+    payload cap (PayloadTooLarge naming `what` if not). The value is made JSON-ready and
+    encoded once: the cap measures the journal's own text of it (ADR 0090)."""
+    value = jsonable(result)
+    try:
+        text = value_json(value)
+    except ValueError:  # NaN or infinity: measured as before, stored as `_entry` stores it
+        ctx.check_size(value, what)
+        return _entry(call, ctx._journal.position, result, None, ctx._classify)
+    check_size(len(text) - VALUE_WRAPPING, ctx._max_payload_bytes, what)
+    return JournalEntry.of_value(ctx._journal.position, call, value, text=text)

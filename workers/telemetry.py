@@ -269,7 +269,13 @@ class _FanoutSegment(SegmentProbe):
         return _activate_all(self.probes)
 
     def step_started(self, kind: str, name: str, seq: int) -> StepProbe:
-        return _FanoutStep([p.step_started(kind, name, seq) for p in self.probes])
+        # A member that does not watch steps (a tracer whose segment does not record) is
+        # left out, as `Fanout.segment_started` leaves out a segment no member watches.
+        probes = [p.step_started(kind, name, seq) for p in self.probes]
+        live = [p for p in probes if p is not NO_STEP]
+        if not live:
+            return NO_STEP
+        return live[0] if len(live) == 1 else _FanoutStep(live)
 
     def step_replayed(self, kind: str, name: str, seq: int, *, failed: bool) -> None:
         for probe in self.probes:

@@ -156,6 +156,10 @@ class Worker:
         )
         # The dispatcher and each slot's thread keep a connection of the store's, where it
         # has them (PostgreSQL's pool, ADR 0088): no checkout and return per statement.
+        # All of them: the store's connections grow to the slots and the dispatcher (ADR 0090).
+        reserve = getattr(self.store, "reserve_connections", None)
+        if reserve is not None:
+            reserve(self.concurrency + 1)
         pin: Callable[[], bool] = getattr(self.store, "pin_connection", _nothing_pinned)
         pin()
         try:

@@ -347,3 +347,57 @@ def test_a_worker_pins_while_it_works_and_gives_every_connection_back(pg_url: st
         assert stats["pool_available"] == stats["pool_size"]
     finally:
         rt.close()
+
+
+def test_a_worker_of_as_many_slots_as_the_pool_pins_them_all_and_its_dispatcher(
+    pg_url: str,
+) -> None:
+    """A worker of 4 slots on a store opened with a pool of 4 keeps 5 connections (its
+    dispatcher's and each slot's, ADR 0090): the places and the pool's bounds grow by one,
+    so the lease keeper and the store's other users still find as many as before; and none
+    is kept once it stopped."""
+    rt = make_runtime(pg_url)
+    try:
+        store = rt.store
+        assert isinstance(store, PostgresRunStore)
+        pool = store._connections.pool  # type: ignore[attr-defined]
+        before = (pool.min_size, pool.max_size)
+        pins = store._connections._pins  # type: ignore[attr-defined]
+        seen: list[int] = []
+        original = store.append
+
+        def append(run: Any, **kwargs: Any) -> Any:
+            seen.append(len(pins))
+            time.sleep(0.01)  # the slots overlap, so all of them hold their pins at once
+            return original(run, **kwargs)
+
+        store.append = append  # type: ignore[method-assign]
+        for _ in range(24):
+            rt.enqueue("scripted", {"steps": 2})
+        report = rt.work(concurrency=4, burst=True)
+        assert report.outcomes.get("completed") == 24
+        assert max(seen) == 5
+        assert (pool.min_size, pool.max_size) == (before[0] + 1, before[1] + 1)
+        assert not pins
+        stats = pool.get_stats()
+        assert stats["pool_available"] == stats["pool_size"]
+    finally:
+        rt.close()
+
+
+def test_the_places_to_keep_a_connection_grow_to_twice_the_pool_at_most(
+    pooled: PostgresRunStore,
+) -> None:
+    """A reservation past twice the size the store was opened with (an async worker of a
+    thousand slots) grows the pool no further, and one for fewer places than it has
+    changes nothing."""
+    pool = pooled._connections.pool  # type: ignore[attr-defined]
+    opened = (pool.min_size, pool.max_size)
+    pooled.reserve_connections(1)
+    assert (pool.min_size, pool.max_size) == opened
+    pooled.reserve_connections(1000)
+    grown = (opened[0] * 2, opened[1] + opened[0])
+    assert (pool.min_size, pool.max_size) == grown
+    pooled.reserve_connections(1000)
+    assert (pool.min_size, pool.max_size) == grown
+    assert pooled._connections._most == opened[0] * 2  # type: ignore[attr-defined]
