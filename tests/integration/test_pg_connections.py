@@ -48,6 +48,23 @@ def pid_of(store: PostgresRunStore) -> int:
     return int(row["pid"])
 
 
+def pins_at_each_append(store: PostgresRunStore, pause_s: float = 0.0) -> list[int]:
+    """How many threads keep a connection at each of `store`'s appends from now on (the
+    list fills as the worker appends); each append waits `pause_s` first."""
+    pins = store._connections._pins  # type: ignore[attr-defined]
+    seen: list[int] = []
+    original = store.append
+
+    def append(run: Any, **kwargs: Any) -> Any:
+        seen.append(len(pins))
+        if pause_s:
+            time.sleep(pause_s)
+        return original(run, **kwargs)
+
+    store.append = append  # type: ignore[method-assign]
+    return seen
+
+
 @pytest.fixture
 def one_shot(pg_url: str) -> Iterator[PostgresRunStore]:
     store = open_store(pg_url, one_shot=True)
@@ -329,14 +346,7 @@ def test_a_worker_pins_while_it_works_and_gives_every_connection_back(pg_url: st
         store = rt.store
         assert isinstance(store, PostgresRunStore)
         pins = store._connections._pins  # type: ignore[attr-defined]
-        most: list[int] = []
-        original = store.append
-
-        def append(run: Any, **kwargs: Any) -> Any:
-            most.append(len(pins))
-            return original(run, **kwargs)
-
-        store.append = append  # type: ignore[method-assign]
+        most = pins_at_each_append(store)
         for _ in range(12):
             rt.enqueue("scripted", {"steps": 1})
         report = rt.work(concurrency=3, burst=True)
@@ -363,15 +373,8 @@ def test_a_worker_of_as_many_slots_as_the_pool_pins_them_all_and_its_dispatcher(
         pool = store._connections.pool  # type: ignore[attr-defined]
         before = (pool.min_size, pool.max_size)
         pins = store._connections._pins  # type: ignore[attr-defined]
-        seen: list[int] = []
-        original = store.append
-
-        def append(run: Any, **kwargs: Any) -> Any:
-            seen.append(len(pins))
-            time.sleep(0.01)  # the slots overlap, so all of them hold their pins at once
-            return original(run, **kwargs)
-
-        store.append = append  # type: ignore[method-assign]
+        # Each append pauses, so the slots overlap and all of them hold their pins at once.
+        seen = pins_at_each_append(store, pause_s=0.01)
         for _ in range(24):
             rt.enqueue("scripted", {"steps": 2})
         report = rt.work(concurrency=4, burst=True)
