@@ -196,8 +196,7 @@ class Runtime(RuntimeEnqueue, RuntimeViews, RuntimeSchedules):
         from steptrail.workers.worker import Worker
 
         served = None if queues is None else self.app.check_queues(queues)
-
-        return Worker(
+        worker = Worker(
             self.store,
             self.app,
             self.execution_config(),
@@ -210,6 +209,11 @@ class Runtime(RuntimeEnqueue, RuntimeViews, RuntimeSchedules):
             telemetry=self.telemetry,
             queues=served,
         )
+        # A worker uses its metrics and tracer at its first claim: made now, their imports
+        # (prometheus_client alone is ~20 ms) are not paid between that claim and the start
+        # of the runs it took (ADR 0091). Commands that never build a worker still skip them.
+        self.prepare_observers()
+        return worker
 
     def work(
         self, *, concurrency: int = 1, burst: bool = False, queues: Iterable[str] | None = None

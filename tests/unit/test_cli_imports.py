@@ -497,6 +497,33 @@ def test_preparing_the_observers_makes_the_deferred_ones_and_their_imports_now(
     assert {"prometheus_client", "steptrail.tracing"} <= set(json.loads(after))
 
 
+def test_building_a_worker_makes_its_observers_before_its_first_claim(tmp_path: Path) -> None:
+    """`Runtime.worker()` makes the metrics and the tracer when it builds the worker (ADR
+    0091): their imports are not paid at its first claim, between the claim and the start
+    of the runs it took. Opening the runtime alone still makes neither."""
+    url = f"sqlite:///{tmp_path / 'built.db'}"
+    code = (
+        "from steptrail import open_runtime\n"
+        f"rt = open_runtime(url={url!r})\n"
+        "watched = ('prometheus_client', 'steptrail.tracing')\n"
+        "before = sorted(m for m in watched if m in sys.modules)\n"
+        "worker = rt.worker(concurrency=2, burst=True)\n"
+        "print(json.dumps(before))\n"
+    )
+    watch = ("prometheus_client", "steptrail.tracing")
+    done = subprocess.run(
+        [sys.executable, "-c", "import json, sys\n" + code + report(watch) + "\nrt.close()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "STEPTRAIL_TRACING": "auto"},
+    )
+    before, after = done.stdout.strip().splitlines()[-2:]
+    assert json.loads(before) == []
+    assert {"prometheus_client", "steptrail.tracing"} <= set(json.loads(after))
+
+
 def test_preparing_a_fanout_prepares_each_member_once() -> None:
     from steptrail.workers.telemetry import Deferred, Telemetry, compose
 
