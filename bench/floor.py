@@ -16,15 +16,17 @@ per run of the client processes and of the server's backends:
   where no client code runs between the statements.
 * ``statements``: steptrail's schema and its own claim and settle statements (the
   `steptrail_claim` and `steptrail_append` functions), sent from C threads per process on
-  their own connections, exactly as the store sends them, with parameters taken once from a
-  real run of the `scripted` agent (one step, then complete); only the run id changes from
-  run to run. No domain, worker or store code runs per run. Each settled run is checked to
-  have the log a worker would have written (versions 1-4). One run per claim.
+  their own connections, exactly as the store sends them (on kept cursors, ADR 0091), with
+  parameters taken once from a real run of the `scripted` agent (one step, then complete);
+  only the run id changes from run to run. No domain, worker or store code runs per run.
+  Each settled run is checked to have the log a worker would have written (versions 1-4).
+  One run per claim.
 * ``statements_dispatched``: the same statements in the worker's shape: one connection per
   process claims for all free slots in one statement (up to C) and hands each run to one of
   C threads, which settles it on its own connection.
 * ``worker``: `Runtime.worker(concurrency=C, burst=True).run()` in each process, as
-  `bench/run.py` runs it.
+  `bench/run.py` runs it (built before the start signal, as the other variants connect
+  before it; ADR 0091).
 * ``procrastinate``: Procrastinate 3.10 draining N no-op async tasks, as `bench/run.py`
   runs it (needs the `bench` extra).
 
@@ -93,6 +95,7 @@ from run import (
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.ports import ClaimRequest
 from steptrail.domain.run import Run
+from steptrail.infrastructure.pg_connections import kept_cursor
 from steptrail.infrastructure.postgres import PostgresRunStore, _claim_params
 from steptrail.runtime import open_runtime
 from steptrail.workers.holders import holder_name
@@ -229,14 +232,17 @@ class StatementsDrain(ThreadedDrain):
         self.t = template
 
     def step(self, conn: psycopg.Connection[Any]) -> int:
-        rows = conn.execute(self.t["claim_sql"], self.t["claim"], prepare=True).fetchall()
+        claim = kept_cursor(conn, self.t["claim_sql"])
+        rows = claim.execute(self.t["claim_sql"], self.t["claim"], prepare=True).fetchall()
         if not rows:
             return 0
         for row in rows:
             if row["version"] != self.t["settle"]["expected"]:
                 raise BenchError(f"claimed run {row['run_id']} is at version {row['version']}")
             params = {**self.t["settle"], "run_id": row["run_id"]}
-            conn.execute(self.t["settle_sql"], params, prepare=True)
+            kept_cursor(conn, self.t["settle_sql"]).execute(
+                self.t["settle_sql"], params, prepare=True
+            )
         return len(rows)
 
 
@@ -261,7 +267,7 @@ class DispatchedStatementsDrain:
     def _settle(self, conn: psycopg.Connection[Any]) -> None:
         while (run_id := self.handed.get()) is not None:
             try:
-                conn.execute(
+                kept_cursor(conn, self.t["settle_sql"]).execute(
                     self.t["settle_sql"], {**self.t["settle"], "run_id": run_id}, prepare=True
                 )
             except psycopg.Error as error:
@@ -282,7 +288,8 @@ class DispatchedStatementsDrain:
                 while free < slots and self.free.acquire(blocking=False):
                     free += 1
                 params = {**self.t["claim"], "limit": free}
-                rows = self.claimer.execute(self.t["claim_sql"], params, prepare=True).fetchall()
+                claim = kept_cursor(self.claimer, self.t["claim_sql"])
+                rows = claim.execute(self.t["claim_sql"], params, prepare=True).fetchall()
                 for _ in range(free - len(rows)):
                     self.free.release()
                 if not rows:
@@ -373,7 +380,7 @@ def append_rate(variant: str, url: str, k: int) -> float:
             started = time.perf_counter()
             for i in range(k):
                 params["expected"], params["version"] = first + i, first + i + 1
-                conn.execute(query, params, prepare=True)
+                kept_cursor(conn, query).execute(query, params, prepare=True)
             rate = k / (time.perf_counter() - started)
         moved = store.load(run.id)
         if moved is None or moved.version != first + k:

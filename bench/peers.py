@@ -9,8 +9,9 @@ C slots. S = 1 is the "no-op" shape (one recorded step, then complete) and S = 5
 "five-step" one.
 
 * steptrail: N runs of the built-in `scripted` agent with `{"steps": S}` are enqueued
-  (untimed), then one spawned process runs `Runtime.worker(concurrency=C, burst=True).run()`
-  until nothing is left: the clock runs from the start signal to the worker's return.
+  (untimed), then one spawned process builds `Runtime.worker(concurrency=C, burst=True)`
+  (untimed, as DBOS is launched before its clock; ADR 0091) and runs it until nothing is
+  left: the clock runs from the start signal to the worker's return.
 * DBOS: one spawned process configures DBOS on the same kind of database, declares a no-op
   `@DBOS.step()` and a `@DBOS.workflow()` calling it S times, launches, registers the queue
   `bench` with `worker_concurrency=C` and `polling_interval_sec=poll`, and enqueues N
