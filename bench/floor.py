@@ -95,7 +95,7 @@ from run import (
 from steptrail.domain.enums import PrivacyLevel
 from steptrail.domain.ports import ClaimRequest
 from steptrail.domain.run import Run
-from steptrail.infrastructure.pg_connections import kept_cursor
+from steptrail.infrastructure.pg_connections import execute_kept
 from steptrail.infrastructure.postgres import PostgresRunStore, _claim_params
 from steptrail.runtime import open_runtime
 from steptrail.workers.holders import holder_name
@@ -232,17 +232,14 @@ class StatementsDrain(ThreadedDrain):
         self.t = template
 
     def step(self, conn: psycopg.Connection[Any]) -> int:
-        claim = kept_cursor(conn, self.t["claim_sql"])
-        rows = claim.execute(self.t["claim_sql"], self.t["claim"], prepare=True).fetchall()
+        rows = execute_kept(conn, self.t["claim_sql"], self.t["claim"]).fetchall()
         if not rows:
             return 0
         for row in rows:
             if row["version"] != self.t["settle"]["expected"]:
                 raise BenchError(f"claimed run {row['run_id']} is at version {row['version']}")
             params = {**self.t["settle"], "run_id": row["run_id"]}
-            kept_cursor(conn, self.t["settle_sql"]).execute(
-                self.t["settle_sql"], params, prepare=True
-            )
+            execute_kept(conn, self.t["settle_sql"], params)
         return len(rows)
 
 
@@ -267,9 +264,7 @@ class DispatchedStatementsDrain:
     def _settle(self, conn: psycopg.Connection[Any]) -> None:
         while (run_id := self.handed.get()) is not None:
             try:
-                kept_cursor(conn, self.t["settle_sql"]).execute(
-                    self.t["settle_sql"], {**self.t["settle"], "run_id": run_id}, prepare=True
-                )
+                execute_kept(conn, self.t["settle_sql"], {**self.t["settle"], "run_id": run_id})
             except psycopg.Error as error:
                 self.failed.append(str(error))
             with self.lock:
@@ -288,8 +283,7 @@ class DispatchedStatementsDrain:
                 while free < slots and self.free.acquire(blocking=False):
                     free += 1
                 params = {**self.t["claim"], "limit": free}
-                claim = kept_cursor(self.claimer, self.t["claim_sql"])
-                rows = claim.execute(self.t["claim_sql"], params, prepare=True).fetchall()
+                rows = execute_kept(self.claimer, self.t["claim_sql"], params).fetchall()
                 for _ in range(free - len(rows)):
                     self.free.release()
                 if not rows:
@@ -380,7 +374,7 @@ def append_rate(variant: str, url: str, k: int) -> float:
             started = time.perf_counter()
             for i in range(k):
                 params["expected"], params["version"] = first + i, first + i + 1
-                kept_cursor(conn, query).execute(query, params, prepare=True)
+                execute_kept(conn, query, params)
             rate = k / (time.perf_counter() - started)
         moved = store.load(run.id)
         if moved is None or moved.version != first + k:

@@ -21,7 +21,7 @@ from steptrail.infrastructure.pg_connections import (
     _NO_ENTRY,
     JOURNAL_COLUMNS,
     _claim_params,
-    kept_cursor,
+    execute_kept,
 )
 from steptrail.infrastructure.pg_reads import PostgresReads
 from steptrail.infrastructure.store_base import (
@@ -104,11 +104,10 @@ class PostgresWrites(PostgresReads):
                     )
             elif not (run.state.status.is_terminal and keeps_request(run.state)):
                 if then_claim is None:
-                    kept_cursor(conn, query := self.q[name]).execute(query, params, prepare=True)
+                    execute_kept(conn, self.q[name], params)
                 else:
                     params.update(_claim_params(then_claim, prefix="c_"))
-                    query = self.q[f"{name}_claim"]
-                    rows = kept_cursor(conn, query).execute(query, params, prepare=True).fetchall()
+                    rows = execute_kept(conn, self.q[f"{name}_claim"], params).fetchall()
             else:
                 # A failed settle (rare): the append with drop_saved off, then everything
                 # saved but the request (and the journal, which it keeps too; ADR 0070),
@@ -177,8 +176,7 @@ class PostgresWrites(PostgresReads):
         params = _claim_params(request, prefix="")
         with self._connection() as conn:
             if conn in self._claim_prepared:
-                query = self.q["claim"]
-                rows = kept_cursor(conn, query).execute(query, params, prepare=True).fetchall()
+                rows = execute_kept(conn, self.q["claim"], params).fetchall()
             else:
                 # Outside a pipeline psycopg prepares on first use with a round trip of its
                 # own (Parse, wait, then Bind/Execute); in one, Parse goes with the rest: the
