@@ -429,100 +429,97 @@ def step(run: Any, seq_name: str) -> None:
     )
 
 
-def test_a_connection_keeps_one_cursor_per_hot_statement_and_runs_it_again(pg_url: str) -> None:
-    """The claim and the append each run on a cursor their connection keeps: the second
-    append runs on the first one's cursor, and what it wrote is in the log."""
+@pytest.fixture
+def pinned(pg_url: str) -> Iterator[tuple[Any, PostgresRunStore]]:
+    """A runtime on PostgreSQL whose store's connection this thread keeps, and the store."""
     rt = make_runtime(pg_url)
     store = rt.store
     assert isinstance(store, PostgresRunStore)
     assert store.pin_connection()
     try:
-        rt.enqueue("scripted", {"steps": 2})
-        rt.enqueue("scripted", {"steps": 2})
-        first = store.claim_batch(holder="h", lease_ms=30_000, agents=["scripted"], limit=1)
-        second = store.claim_batch(holder="h", lease_ms=30_000, agents=["scripted"], limit=1)
-        assert len(first) == len(second) == 1
-        assert first[0].run.id != second[0].run.id
-        run = first[0].run
-        step(run, "one")
-        store.append(run)
-        cursor = kept_cursors(store)["append_one"]
-        step(run, "two")
-        store.append(run)
-        kept = kept_cursors(store)
-        assert kept["append_one"] is cursor
-        assert "claim" in kept
-        loaded = store.load(run.id)
-        assert loaded is not None
-        assert loaded.version == run.version
-        names = [getattr(e.event, "name", None) for e in store.history(run.id)]
-        assert [n for n in names if n][-2:] == ["one", "two"]
+        yield rt, store
     finally:
         store.unpin_connection()
         rt.close()
 
 
-def test_a_fenced_append_leaves_the_kept_cursor_usable_for_the_owner(pg_url: str) -> None:
+def test_a_connection_keeps_one_cursor_per_hot_statement_and_runs_it_again(
+    pinned: tuple[Any, PostgresRunStore],
+) -> None:
+    """The claim and the append each run on a cursor their connection keeps: the second
+    append runs on the first one's cursor, and what it wrote is in the log."""
+    rt, store = pinned
+    rt.enqueue("scripted", {"steps": 2})
+    rt.enqueue("scripted", {"steps": 2})
+    first = store.claim_batch(holder="h", lease_ms=30_000, agents=["scripted"], limit=1)
+    second = store.claim_batch(holder="h", lease_ms=30_000, agents=["scripted"], limit=1)
+    assert len(first) == len(second) == 1
+    assert first[0].run.id != second[0].run.id
+    run = first[0].run
+    step(run, "one")
+    store.append(run)
+    cursor = kept_cursors(store)["append_one"]
+    step(run, "two")
+    store.append(run)
+    kept = kept_cursors(store)
+    assert kept["append_one"] is cursor
+    assert "claim" in kept
+    loaded = store.load(run.id)
+    assert loaded is not None
+    assert loaded.version == run.version
+    names = [getattr(e.event, "name", None) for e in store.history(run.id)]
+    assert [n for n in names if n][-2:] == ["one", "two"]
+
+
+def test_a_fenced_append_leaves_the_kept_cursor_usable_for_the_owner(
+    pinned: tuple[Any, PostgresRunStore],
+) -> None:
     """A zombie's stale append fails its fence (VersionConflict) on the same connection and
     cursor the owner uses; the owner's next append on that cursor lands, and the zombie's
     step is not in the log."""
-    rt = make_runtime(pg_url)
-    store = rt.store
-    assert isinstance(store, PostgresRunStore)
-    assert store.pin_connection()
-    try:
-        rt.enqueue("scripted", {"steps": 2})
-        owner = claimed_here(rt)
-        zombie = store.load(owner.id)
-        assert zombie is not None
-        assert zombie.version == owner.version
-        step(owner, "owner-1")
-        store.append(owner)
-        cursor = kept_cursors(store)["append_one"]
-        step(zombie, "zombie")
-        with pytest.raises(VersionConflict):
-            store.append(zombie)
-        step(owner, "owner-2")
-        store.append(owner)
-        assert kept_cursors(store)["append_one"] is cursor
-        names = [getattr(e.event, "name", None) for e in store.history(owner.id)]
-        assert "zombie" not in names
-        assert [n for n in names if n][-2:] == ["owner-1", "owner-2"]
-    finally:
-        store.unpin_connection()
-        rt.close()
+    rt, store = pinned
+    rt.enqueue("scripted", {"steps": 2})
+    owner = claimed_here(rt)
+    zombie = store.load(owner.id)
+    assert zombie is not None
+    assert zombie.version == owner.version
+    step(owner, "owner-1")
+    store.append(owner)
+    cursor = kept_cursors(store)["append_one"]
+    step(zombie, "zombie")
+    with pytest.raises(VersionConflict):
+        store.append(zombie)
+    step(owner, "owner-2")
+    store.append(owner)
+    assert kept_cursors(store)["append_one"] is cursor
+    names = [getattr(e.event, "name", None) for e in store.history(owner.id)]
+    assert "zombie" not in names
+    assert [n for n in names if n][-2:] == ["owner-1", "owner-2"]
 
 
 def test_a_dropped_connection_takes_its_cursors_and_the_next_append_lands_on_a_new_one(
-    pg_url: str,
+    pinned: tuple[Any, PostgresRunStore], pg_url: str
 ) -> None:
     """The server drops the pinned connection: the append on its kept cursor fails with
     StoreUnavailable (nothing written), and the same append sent again runs on a new
     connection's own cursor and lands."""
-    rt = make_runtime(pg_url)
-    store = rt.store
-    assert isinstance(store, PostgresRunStore)
-    assert store.pin_connection()
-    try:
-        rt.enqueue("scripted", {"steps": 2})
-        run = claimed_here(rt)
-        step(run, "one")
+    rt, store = pinned
+    rt.enqueue("scripted", {"steps": 2})
+    run = claimed_here(rt)
+    step(run, "one")
+    store.append(run)
+    cursor = kept_cursors(store)["append_one"]
+    dropped = pid_of(store)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (dropped,))
+    assert gone(pg_url, {dropped})
+    step(run, "two")
+    with pytest.raises(StoreUnavailable):
         store.append(run)
-        cursor = kept_cursors(store)["append_one"]
-        dropped = pid_of(store)
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (dropped,))
-        assert gone(pg_url, {dropped})
-        step(run, "two")
-        with pytest.raises(StoreUnavailable):
-            store.append(run)
-        assert run.pending_events  # not marked committed: to be sent again
-        store.append(run)
-        assert pid_of(store) != dropped
-        assert kept_cursors(store)["append_one"] is not cursor
-        loaded = store.load(run.id)
-        assert loaded is not None
-        assert loaded.version == run.version
-    finally:
-        store.unpin_connection()
-        rt.close()
+    assert run.pending_events  # not marked committed: to be sent again
+    store.append(run)
+    assert pid_of(store) != dropped
+    assert kept_cursors(store)["append_one"] is not cursor
+    loaded = store.load(run.id)
+    assert loaded is not None
+    assert loaded.version == run.version
